@@ -1,0 +1,494 @@
+//! Structural validation of a snapshot, run by the control plane before it
+//! commits a change and by the data plane before it compiles one: names are
+//! unique, references resolve, values are in range. Every violation is
+//! reported, each with the path of the offending field, so that an operator
+//! fixes them all in one go.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::net::IpAddr;
+
+use crate::v1::{
+    Api, Balance, Certificate, Consumer, HashSource, Policy, RateLimitKey, Snapshot, Upstream,
+    policy::Kind,
+};
+
+/// One problem in a snapshot. `path` is a JSON-pointer-like path whose list
+/// elements are addressed by name, e.g. `/apis/shop/upstream`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    pub path: String,
+    pub message: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path, self.message)
+    }
+}
+
+const MAX_NAME_LEN: usize = 128;
+const METHODS: &[&str] = &["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"];
+const JWT_ALGORITHMS: &[&str] =
+    &["HS256", "HS384", "HS512", "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "EdDSA"];
+
+/// Checks the whole snapshot; returns every violation found.
+pub fn validate(snapshot: &Snapshot) -> Result<(), Vec<Violation>> {
+    let mut v = Violations::default();
+    let upstreams = unique_names(&mut v, "upstreams", snapshot.upstreams.iter().map(|u| u.name.as_str()));
+    let specs = unique_names(&mut v, "specs", snapshot.specs.iter().map(|s| s.name.as_str()));
+    let certificates = unique_names(&mut v, "certificates", snapshot.certificates.iter().map(|c| c.name.as_str()));
+    unique_names(&mut v, "consumers", snapshot.consumers.iter().map(|c| c.username.as_str()));
+    unique_names(&mut v, "apis", snapshot.apis.iter().map(|a| a.name.as_str()));
+
+    for api in &snapshot.apis {
+        check_api(&mut v, api, &upstreams, &specs);
+    }
+    check_route_overlap(&mut v, &snapshot.apis);
+    for upstream in &snapshot.upstreams {
+        check_upstream(&mut v, upstream, &certificates);
+    }
+    check_consumers(&mut v, &snapshot.consumers);
+    for spec in &snapshot.specs {
+        if spec.json.trim().is_empty() {
+            v.push(format!("/specs/{}/content", spec.name), "must not be empty");
+        }
+    }
+    check_certificates(&mut v, &snapshot.certificates);
+
+    if v.0.is_empty() { Ok(()) } else { Err(v.0) }
+}
+
+#[derive(Default)]
+struct Violations(Vec<Violation>);
+
+impl Violations {
+    fn push(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.0.push(Violation { path: path.into(), message: message.into() });
+    }
+}
+
+fn unique_names<'a>(v: &mut Violations, kind: &str, names: impl Iterator<Item = &'a str>) -> HashSet<&'a str> {
+    let mut seen = HashSet::new();
+    for name in names {
+        if let Err(message) = check_name(name) {
+            v.push(format!("/{kind}/{name}/name"), message);
+        }
+        if !seen.insert(name) {
+            v.push(format!("/{kind}/{name}/name"), format!("the name `{name}` is used twice"));
+        }
+    }
+    seen
+}
+
+/// Names appear in URLs and metrics labels, so they are kept to a safe alphabet.
+pub(crate) fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(format!("must be at most {MAX_NAME_LEN} characters"));
+    }
+    if !name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '@')) {
+        return Err("may contain only letters, digits, '-', '_', '.' and '@'".into());
+    }
+    Ok(())
+}
+
+fn check_api(v: &mut Violations, api: &Api, upstreams: &HashSet<&str>, specs: &HashSet<&str>) {
+    let at = |field: &str| format!("/apis/{}/{field}", api.name);
+    for (i, host) in api.hosts.iter().enumerate() {
+        if let Err(message) = check_host(host) {
+            v.push(format!("{}/{i}", at("hosts")), message);
+        }
+    }
+    if let Err(message) = check_path(&api.path_prefix, false) {
+        v.push(at("path_prefix"), message);
+    }
+    for (i, path) in api.paths.iter().enumerate() {
+        if let Err(message) = check_path(path, true) {
+            v.push(format!("{}/{i}", at("paths")), message);
+        } else if !path.starts_with(api.path_prefix.trim_end_matches('/')) {
+            v.push(format!("{}/{i}", at("paths")), format!("must lie under path_prefix `{}`", api.path_prefix));
+        }
+    }
+    for (i, method) in api.methods.iter().enumerate() {
+        if !METHODS.contains(&method.as_str()) {
+            v.push(format!("{}/{i}", at("methods")), format!("`{method}` is not an HTTP method (use upper case)"));
+        }
+    }
+    if api.upstream.is_empty() {
+        v.push(at("upstream"), "is required");
+    } else if !upstreams.contains(api.upstream.as_str()) {
+        v.push(at("upstream"), format!("upstream `{}` does not exist", api.upstream));
+    }
+    if let Some(binding) = &api.openapi
+        && !specs.contains(binding.spec.as_str())
+    {
+        v.push(at("openapi/spec"), format!("spec `{}` does not exist", binding.spec));
+    }
+    let mut kinds = HashSet::new();
+    for (i, policy) in api.policies.iter().enumerate() {
+        let path = format!("{}/{i}", at("policies"));
+        match &policy.kind {
+            None => v.push(path, "names no policy"),
+            Some(kind) => {
+                let name = policy_name(kind);
+                if !kinds.insert(name) {
+                    v.push(path.clone(), format!("`{name}` appears twice; merge them into one"));
+                }
+                check_policy(v, &format!("{path}/{name}"), policy);
+            }
+        }
+    }
+}
+
+/// The user-facing name of a policy, as written in the declarative config.
+pub fn policy_name(kind: &Kind) -> &'static str {
+    match kind {
+        Kind::BasicAuth(_) => "basic_auth",
+        Kind::ApiKey(_) => "api_key",
+        Kind::Jwt(_) => "jwt",
+        Kind::RateLimit(_) => "rate_limit",
+        Kind::Cors(_) => "cors",
+        Kind::Headers(_) => "headers",
+        Kind::IpRestriction(_) => "ip_restriction",
+        Kind::RequestSizeLimit(_) => "request_size_limit",
+    }
+}
+
+fn check_policy(v: &mut Violations, at: &str, policy: &Policy) {
+    match &policy.kind {
+        Some(Kind::ApiKey(p)) if p.header.is_empty() && p.query_param.is_empty() => {
+            v.push(at, "needs a header or a query_param to read the key from");
+        }
+        Some(Kind::Jwt(p)) => {
+            for (i, alg) in p.algorithms.iter().enumerate() {
+                if !JWT_ALGORITHMS.contains(&alg.as_str()) {
+                    v.push(format!("{at}/algorithms/{i}"), format!("unsupported algorithm `{alg}`"));
+                }
+            }
+        }
+        Some(Kind::RateLimit(p)) => {
+            if p.requests == 0 {
+                v.push(format!("{at}/requests"), "must be at least 1");
+            }
+            if p.period_seconds == 0 {
+                v.push(format!("{at}/per"), "must be at least one second");
+            }
+            if p.key() == RateLimitKey::Header && p.header.is_empty() {
+                v.push(format!("{at}/header"), "is required when key is `header`");
+            }
+        }
+        Some(Kind::Cors(p)) if p.allow_origins.is_empty() => {
+            v.push(format!("{at}/allow_origins"), "must list at least one origin (or \"*\")");
+        }
+        Some(Kind::IpRestriction(p)) => {
+            if p.allow.is_empty() && p.deny.is_empty() {
+                v.push(at, "needs an allow or a deny list");
+            }
+            for (list, entries) in [("allow", &p.allow), ("deny", &p.deny)] {
+                for (i, cidr) in entries.iter().enumerate() {
+                    if parse_cidr(cidr).is_none() {
+                        v.push(format!("{at}/{list}/{i}"), format!("`{cidr}` is not an IP address or CIDR block"));
+                    }
+                }
+            }
+        }
+        Some(Kind::RequestSizeLimit(p)) if p.max_bytes == 0 => {
+            v.push(format!("{at}/max_bytes"), "must be at least 1");
+        }
+        Some(Kind::Headers(p)) => {
+            for (side, rules) in [("request", &p.request), ("response", &p.response)] {
+                let Some(rules) = rules else { continue };
+                let names = rules
+                    .set
+                    .iter()
+                    .map(|h| &h.name)
+                    .chain(rules.add.iter().map(|h| &h.name))
+                    .chain(rules.remove.iter())
+                    .chain(rules.rename.iter().flat_map(|r| [&r.from, &r.to]));
+                for name in names {
+                    if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                        v.push(format!("{at}/{side}"), format!("`{name}` is not a valid header name"));
+                    }
+                }
+                for h in rules.set.iter().chain(rules.add.iter()) {
+                    if http::HeaderValue::from_str(&h.value).is_err() {
+                        v.push(format!("{at}/{side}"), format!("the value of `{}` is not a valid header value", h.name));
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Parses `10.0.0.0/8`, `::1/128` or a bare address.
+pub fn parse_cidr(text: &str) -> Option<(IpAddr, u8)> {
+    let (addr, len) = match text.split_once('/') {
+        Some((addr, len)) => (addr, Some(len)),
+        None => (text, None),
+    };
+    let addr: IpAddr = addr.parse().ok()?;
+    let max = if addr.is_ipv4() { 32 } else { 128 };
+    let len = match len {
+        Some(len) => len.parse::<u8>().ok().filter(|l| *l <= max)?,
+        None => max,
+    };
+    Some((addr, len))
+}
+
+fn check_host(host: &str) -> Result<(), String> {
+    let bare = host.strip_prefix("*.").unwrap_or(host);
+    if bare.is_empty() || bare.contains('*') {
+        return Err(format!("`{host}`: a wildcard is allowed only as a leading `*.`"));
+    }
+    if host.contains("://") || host.contains('/') {
+        return Err(format!("`{host}` must be a host name, without scheme or path"));
+    }
+    if !bare.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | ':' | '[' | ']')) {
+        return Err(format!("`{host}` is not a valid host name"));
+    }
+    Ok(())
+}
+
+fn check_path(path: &str, templates: bool) -> Result<(), String> {
+    if !path.starts_with('/') {
+        return Err(format!("`{path}` must start with `/`"));
+    }
+    if path.contains(['?', '#']) {
+        return Err(format!("`{path}` must not contain a query or fragment"));
+    }
+    let mut depth = 0;
+    for c in path.chars() {
+        match c {
+            '{' if templates && depth == 0 => depth = 1,
+            '}' if templates && depth == 1 => depth = 0,
+            '{' | '}' if templates => return Err(format!("`{path}` has unbalanced braces")),
+            '{' | '}' => return Err(format!("`{path}`: templates are allowed only in `paths`")),
+            _ => {}
+        }
+    }
+    if depth != 0 {
+        return Err(format!("`{path}` has unbalanced braces"));
+    }
+    Ok(())
+}
+
+/// Two APIs that claim the same host, prefix and method with no narrower
+/// `paths` would make routing depend on row order; reject that instead.
+fn check_route_overlap(v: &mut Violations, apis: &[Api]) {
+    let mut claimed: HashMap<(String, String, String), &str> = HashMap::new();
+    for api in apis.iter().filter(|a| a.paths.is_empty()) {
+        let hosts: Vec<&str> = if api.hosts.is_empty() { vec!["*"] } else { api.hosts.iter().map(String::as_str).collect() };
+        let methods: Vec<&str> = if api.methods.is_empty() { vec!["*"] } else { api.methods.iter().map(String::as_str).collect() };
+        let prefix = api.path_prefix.trim_end_matches('/').to_string();
+        for host in &hosts {
+            for method in &methods {
+                let key = (host.to_ascii_lowercase(), prefix.clone(), (*method).to_string());
+                if let Some(other) = claimed.insert(key, &api.name)
+                    && other != api.name
+                {
+                    v.push(
+                        format!("/apis/{}/path_prefix", api.name),
+                        format!("API `{other}` already routes host `{host}`, prefix `{}`, method `{method}`", api.path_prefix),
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn check_upstream(v: &mut Violations, upstream: &Upstream, certificates: &HashSet<&str>) {
+    let at = |field: &str| format!("/upstreams/{}/{field}", upstream.name);
+    if upstream.targets.is_empty() {
+        v.push(at("targets"), "needs at least one target");
+    }
+    for (i, target) in upstream.targets.iter().enumerate() {
+        if let Err(message) = check_target_url(&target.url) {
+            v.push(format!("{}/{i}/url", at("targets")), message);
+        }
+        if target.weight > 10_000 {
+            v.push(format!("{}/{i}/weight", at("targets")), "must be at most 10000");
+        }
+    }
+    if upstream.balance() == Balance::ConsistentHash {
+        let hash_on = upstream.hash_on.clone().unwrap_or_default();
+        if hash_on.source() != HashSource::ClientIp && hash_on.name.is_empty() {
+            v.push(at("hash_on/name"), "is required when hashing on a header or cookie");
+        }
+    }
+    if let Some(check) = &upstream.health_check
+        && !check.path.is_empty()
+    {
+        if !check.path.starts_with('/') {
+            v.push(at("health_check/path"), "must start with `/`");
+        }
+        if check.interval_ms == 0 {
+            v.push(at("health_check/interval"), "must be positive");
+        }
+        if check.timeout_ms == 0 {
+            v.push(at("health_check/timeout"), "must be positive");
+        }
+        if check.healthy_threshold == 0 {
+            v.push(at("health_check/healthy_threshold"), "must be at least 1");
+        }
+        if check.unhealthy_threshold == 0 {
+            v.push(at("health_check/unhealthy_threshold"), "must be at least 1");
+        }
+    }
+    if let Some(tls) = &upstream.tls
+        && !tls.client_certificate.is_empty()
+        && !certificates.contains(tls.client_certificate.as_str())
+    {
+        v.push(at("tls/client_certificate"), format!("certificate `{}` does not exist", tls.client_certificate));
+    }
+}
+
+fn check_target_url(url: &str) -> Result<(), String> {
+    let uri: http::Uri = url.parse().map_err(|e| format!("`{url}` is not a URL: {e}"))?;
+    match uri.scheme_str() {
+        Some("http" | "https") => {}
+        _ => return Err(format!("`{url}` must start with http:// or https://")),
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(format!("`{url}` has no host"));
+    }
+    if uri.path_and_query().is_some_and(|p| p.as_str() != "/" && !p.as_str().is_empty()) {
+        return Err(format!("`{url}` must be an origin (scheme, host, port) without a path"));
+    }
+    Ok(())
+}
+
+fn check_consumers(v: &mut Violations, consumers: &[Consumer]) {
+    // A key or JWT key id shared by two consumers would make the consumer
+    // identity depend on lookup order, so each must be unique cluster-wide.
+    let mut key_owner: HashMap<&str, &str> = HashMap::new();
+    let mut jwt_owner: HashMap<&str, &str> = HashMap::new();
+    for consumer in consumers {
+        let at = |field: &str| format!("/consumers/{}/{field}", consumer.username);
+        for (i, digest) in consumer.api_key_digests.iter().enumerate() {
+            if let Some(other) = key_owner.insert(digest, &consumer.username) {
+                v.push(format!("{}/{i}", at("api_keys")), format!("this API key is already used by consumer `{other}`"));
+            }
+        }
+        for (i, credential) in consumer.jwt_credentials.iter().enumerate() {
+            let at = format!("{}/{i}", at("jwt"));
+            if credential.key.is_empty() {
+                v.push(format!("{at}/key"), "must not be empty");
+            } else if let Some(other) = jwt_owner.insert(&credential.key, &consumer.username) {
+                v.push(format!("{at}/key"), format!("JWT key `{}` is already used by consumer `{other}`", credential.key));
+            }
+            let alg = credential.algorithm.as_str();
+            if !JWT_ALGORITHMS.contains(&alg) {
+                v.push(format!("{at}/algorithm"), format!("unsupported algorithm `{alg}`"));
+            } else if alg.starts_with("HS") && credential.secret.is_empty() {
+                v.push(format!("{at}/secret"), format!("is required for {alg}"));
+            } else if !alg.starts_with("HS") && credential.public_key_pem.is_empty() {
+                v.push(format!("{at}/public_key"), format!("is required for {alg}"));
+            }
+        }
+    }
+}
+
+fn check_certificates(v: &mut Violations, certificates: &[Certificate]) {
+    let defaults: Vec<&str> = certificates.iter().filter(|c| c.default).map(|c| c.name.as_str()).collect();
+    if defaults.len() > 1 {
+        v.push("/certificates", format!("only one certificate may be the default, found {}", defaults.join(", ")));
+    }
+    for certificate in certificates {
+        let at = |field: &str| format!("/certificates/{}/{field}", certificate.name);
+        if certificate.chain_pem.is_empty() {
+            v.push(at("chain"), "must not be empty");
+        }
+        if certificate.private_key_pem.is_empty() {
+            v.push(at("key"), "must not be empty");
+        }
+        for (i, sni) in certificate.snis.iter().enumerate() {
+            if let Err(message) = check_host(sni) {
+                v.push(format!("{}/{i}", at("snis")), message);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::v1::{OpenApiBinding, RateLimit, Target};
+
+    fn upstream(name: &str) -> Upstream {
+        Upstream {
+            name: name.into(),
+            targets: vec![Target { url: "http://127.0.0.1:9001".into(), weight: 1 }],
+            ..Default::default()
+        }
+    }
+
+    fn api(name: &str, upstream: &str) -> Api {
+        Api { name: name.into(), path_prefix: format!("/{name}"), upstream: upstream.into(), ..Default::default() }
+    }
+
+    fn paths(snapshot: &Snapshot) -> Vec<String> {
+        validate(snapshot).err().unwrap_or_default().into_iter().map(|v| v.path).collect()
+    }
+
+    #[test]
+    fn a_consistent_snapshot_passes() {
+        let snapshot = Snapshot { apis: vec![api("shop", "backend")], upstreams: vec![upstream("backend")], ..Default::default() };
+        assert_eq!(validate(&snapshot), Ok(()));
+    }
+
+    #[test]
+    fn every_violation_is_reported_with_its_path() {
+        let mut bad_api = api("shop", "missing");
+        bad_api.methods = vec!["get".into()];
+        bad_api.openapi = Some(OpenApiBinding { spec: "nope".into(), ..Default::default() });
+        bad_api.policies = vec![Policy { kind: Some(Kind::RateLimit(RateLimit::default())) }];
+        let mut bad_upstream = upstream("backend");
+        bad_upstream.targets[0].url = "ftp://x".into();
+        let snapshot = Snapshot { apis: vec![bad_api], upstreams: vec![bad_upstream, upstream("backend")], ..Default::default() };
+        let found = paths(&snapshot);
+        for expected in [
+            "/upstreams/backend/name",
+            "/apis/shop/upstream",
+            "/apis/shop/methods/0",
+            "/apis/shop/openapi/spec",
+            "/apis/shop/policies/0/rate_limit/requests",
+            "/apis/shop/policies/0/rate_limit/per",
+            "/upstreams/backend/targets/0/url",
+        ] {
+            assert!(found.iter().any(|p| p == expected), "missing {expected} in {found:?}");
+        }
+    }
+
+    #[test]
+    fn overlapping_routes_are_rejected() {
+        let mut b = api("b", "u");
+        b.path_prefix = "/a".into();
+        let snapshot = Snapshot { apis: vec![api("a", "u"), b], upstreams: vec![upstream("u")], ..Default::default() };
+        assert_eq!(paths(&snapshot), vec!["/apis/b/path_prefix"]);
+    }
+
+    #[test]
+    fn target_urls_must_be_origins() {
+        for (url, ok) in [
+            ("http://127.0.0.1:1", true),
+            ("https://example.com", true),
+            ("http://h/path", false),
+            ("h:80", false),
+            ("", false),
+        ] {
+            assert_eq!(check_target_url(url).is_ok(), ok, "{url}");
+        }
+    }
+
+    #[test]
+    fn cidrs_parse() {
+        assert!(parse_cidr("10.0.0.0/8").is_some());
+        assert!(parse_cidr("::1").is_some());
+        assert!(parse_cidr("10.0.0.0/33").is_none());
+        assert!(parse_cidr("nope").is_none());
+    }
+}
