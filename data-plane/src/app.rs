@@ -1,0 +1,225 @@
+//! Process assembly: [`App::build`] binds every listener and loads the
+//! snapshot cache; [`App::run_until_stopped`] runs the proxy, the ops server
+//! and the sync client side by side until SIGTERM/SIGINT, then drains.
+//! `main.rs`, `sluice standalone` and the tests all start a data plane here.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde::Serialize;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tracing::{error, info, warn};
+
+use crate::backoff::Backoff;
+use crate::ops;
+use crate::proxy::{self, ProxyOptions};
+use crate::routing::TableStore;
+use crate::settings::{self, Settings};
+use crate::sync::{SyncClient, SyncError, SyncOptions, SyncState};
+
+/// The ops server has no long requests; it gets a short grace period of its own.
+const OPS_GRACE: Duration = Duration::from_secs(2);
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error("cannot bind the {listener} listener on {addr}: {source}")]
+    Bind { listener: &'static str, addr: SocketAddr, source: std::io::Error },
+    #[error(transparent)]
+    Sync(#[from] SyncError),
+    #[error("the {listener} server failed: {source}")]
+    Serve { listener: &'static str, source: std::io::Error },
+}
+
+/// What a data plane bound, as printed on stdout and logged at start-up.
+#[derive(Debug, Clone, Serialize)]
+pub struct Bound {
+    pub http_addr: SocketAddr,
+    pub ops_addr: SocketAddr,
+    pub node_id: String,
+}
+
+pub struct App {
+    bound: Bound,
+    http_listener: TcpListener,
+    ops_listener: TcpListener,
+    tables: Arc<TableStore>,
+    sync: SyncClient,
+    sync_state: Arc<SyncState>,
+    metrics: PrometheusHandle,
+    proxy_options: ProxyOptions,
+    shutdown_grace: Duration,
+}
+
+impl App {
+    /// Binds the listeners (port 0 allowed) and applies the cached snapshot,
+    /// if any, before anything is served, so the first accepted request already
+    /// sees a table. Nothing is served until [`App::run_until_stopped`].
+    pub async fn build(settings: Settings) -> Result<App, AppError> {
+        let metrics = ops::metrics_handle();
+        let node_id = settings.resolved_node_id();
+        let tables = Arc::new(TableStore::new());
+
+        let http_listener = bind("http", settings.http_addr).await?;
+        let ops_listener = bind("ops", settings.ops_addr).await?;
+        let http_addr = local_addr("http", &http_listener, settings.http_addr)?;
+        let ops_addr = local_addr("ops", &ops_listener, settings.ops_addr)?;
+        // `--https-addr` and `--redis-url` are accepted so deployments can set
+        // them already; TLS termination and cluster-wide rate limits will use them.
+
+        let sync = SyncClient::new(
+            SyncOptions {
+                control_plane: settings.control_plane.clone(),
+                cluster_token: settings.cluster_token.clone(),
+                node_id: node_id.clone(),
+                hostname: settings::hostname(),
+                proxy_addresses: vec![http_addr.to_string()],
+                heartbeat_interval: settings.heartbeat_interval(),
+                snapshot_cache: settings.snapshot_cache.clone(),
+                backoff: Backoff::default(),
+            },
+            tables.clone(),
+        )?;
+        sync.load_cache().await;
+        let sync_state = sync.state();
+
+        Ok(App {
+            bound: Bound { http_addr, ops_addr, node_id },
+            http_listener,
+            ops_listener,
+            tables,
+            sync,
+            sync_state,
+            metrics,
+            proxy_options: ProxyOptions { access_log: settings.access_log.is_on(), ..ProxyOptions::default() },
+            shutdown_grace: settings.shutdown_grace(),
+        })
+    }
+
+    pub fn bound(&self) -> &Bound {
+        &self.bound
+    }
+
+    pub fn tables(&self) -> Arc<TableStore> {
+        self.tables.clone()
+    }
+
+    pub fn sync_state(&self) -> Arc<SyncState> {
+        self.sync_state.clone()
+    }
+
+    /// Runs until SIGTERM or SIGINT, then shuts down gracefully.
+    pub async fn run_until_stopped(self) -> Result<(), AppError> {
+        self.run_until(shutdown_signal()).await
+    }
+
+    /// Runs until `stop` resolves (or a server fails), then stops accepting,
+    /// lets in-flight requests finish up to the grace period, and returns.
+    pub async fn run_until(self, stop: impl Future<Output = ()>) -> Result<(), AppError> {
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let stopped = move || {
+            let mut rx = stop_rx.clone();
+            async move {
+                // An error means the sender is gone, which also means stop.
+                let _ = rx.wait_for(|stop| *stop).await;
+            }
+        };
+
+        let mut proxy =
+            tokio::spawn(proxy::serve(self.http_listener, self.tables.clone(), self.proxy_options, stopped()));
+        let mut ops = tokio::spawn(ops::serve(self.ops_listener, self.tables.clone(), self.metrics, stopped()));
+        let mut sync = tokio::spawn(self.sync.run(stopped()));
+        info!(http_addr = %self.bound.http_addr, ops_addr = %self.bound.ops_addr, "data plane running");
+
+        // A server that ends on its own is a failure: stop the rest too, since
+        // a node without its proxy or its probes should be restarted.
+        let mut failure = None;
+        tokio::select! {
+            () = stop => info!("shutdown requested; draining in-flight requests"),
+            result = &mut proxy => {
+                failure = Some(task_failure("http", result.map(|r| r.map_err(|source| AppError::Serve { listener: "http", source }))));
+            }
+            result = &mut ops => {
+                failure = Some(task_failure("ops", result.map(|r| r.map_err(|source| AppError::Serve { listener: "ops", source }))));
+            }
+        }
+        let _ = stop_tx.send(true);
+
+        if !proxy.is_finished() {
+            match tokio::time::timeout(self.shutdown_grace, &mut proxy).await {
+                Ok(_) => info!("in-flight requests finished"),
+                Err(_) => {
+                    warn!(grace_secs = self.shutdown_grace.as_secs(), "grace period over; dropping remaining requests");
+                    proxy.abort();
+                }
+            }
+        }
+        if !ops.is_finished() && tokio::time::timeout(OPS_GRACE, &mut ops).await.is_err() {
+            ops.abort();
+        }
+        if tokio::time::timeout(OPS_GRACE, &mut sync).await.is_err() {
+            sync.abort();
+        }
+        info!("data plane stopped");
+        match failure.flatten() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Maps a server task's end into an error worth returning (None for a clean end).
+fn task_failure<T, E: Into<AppError>>(
+    listener: &'static str,
+    result: Result<Result<T, E>, tokio::task::JoinError>,
+) -> Option<AppError> {
+    match result {
+        Ok(Ok(_)) => {
+            error!(listener, "server stopped unexpectedly");
+            None
+        }
+        Ok(Err(e)) => {
+            let e = e.into();
+            error!(listener, error = %e, "server failed");
+            Some(e)
+        }
+        Err(e) => {
+            error!(listener, error = %e, "server task panicked");
+            Some(AppError::Serve { listener, source: std::io::Error::other(e.to_string()) })
+        }
+    }
+}
+
+async fn bind(listener: &'static str, addr: SocketAddr) -> Result<TcpListener, AppError> {
+    TcpListener::bind(addr).await.map_err(|source| AppError::Bind { listener, addr, source })
+}
+
+fn local_addr(listener: &'static str, socket: &TcpListener, addr: SocketAddr) -> Result<SocketAddr, AppError> {
+    socket.local_addr().map_err(|source| AppError::Bind { listener, addr, source })
+}
+
+/// Resolves on SIGTERM (orchestrators) or SIGINT (Ctrl-C).
+pub async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => info!("SIGTERM received"),
+                    _ = tokio::signal::ctrl_c() => info!("SIGINT received"),
+                }
+                return;
+            }
+            Err(e) => warn!(error = %e, "cannot listen for SIGTERM; only SIGINT stops the process"),
+        }
+    }
+    if let Err(e) = tokio::signal::ctrl_c().await {
+        // Without any signal handler the process can only be killed; never
+        // resolve rather than shutting down at once.
+        error!(error = %e, "cannot listen for SIGINT");
+        std::future::pending::<()>().await;
+    }
+}

@@ -1,0 +1,108 @@
+//! The ops listener (`--ops-addr`), separate from the proxy port so that
+//! health probes and scrapes never compete with traffic or match a route:
+//! `/healthz` (process alive), `/readyz` (a routing table is applied),
+//! `/metrics` (Prometheus text).
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use tokio::net::TcpListener;
+use tracing::warn;
+
+use crate::routing::TableStore;
+
+/// Latency buckets in seconds, from sub-millisecond proxy overhead to slow upstreams.
+const SECONDS_BUCKETS: &[f64] =
+    &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+
+static METRICS: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// The process-wide Prometheus handle. The global recorder can be installed
+/// only once per process, and tests build several apps in one process, so the
+/// first caller installs it and everyone shares the handle. If some other
+/// recorder got there first, metrics render empty instead of panicking.
+pub fn metrics_handle() -> PrometheusHandle {
+    METRICS
+        .get_or_init(|| {
+            let builder = match PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
+            {
+                Ok(builder) => builder,
+                Err(e) => {
+                    warn!(error = %e, "invalid histogram buckets; histograms render as summaries");
+                    PrometheusBuilder::new()
+                }
+            };
+            let recorder = builder.build_recorder();
+            let handle = recorder.handle();
+            if let Err(e) = metrics::set_global_recorder(recorder) {
+                warn!(error = %e, "a metrics recorder is already installed; /metrics will be empty");
+            } else {
+                crate::sync::describe_metrics();
+                spawn_upkeep(handle.clone());
+            }
+            handle
+        })
+        .clone()
+}
+
+/// Histograms accumulate samples until drained; without upkeep an unscraped
+/// node would grow without bound.
+fn spawn_upkeep(handle: PrometheusHandle) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+    runtime.spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            handle.run_upkeep();
+        }
+    });
+}
+
+#[derive(Clone)]
+struct OpsState {
+    tables: Arc<TableStore>,
+    metrics: PrometheusHandle,
+}
+
+pub fn router(tables: Arc<TableStore>, metrics: PrometheusHandle) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(render_metrics))
+        .with_state(OpsState { tables, metrics })
+}
+
+/// Serves the ops endpoints until `shutdown` resolves.
+pub async fn serve(
+    listener: TcpListener,
+    tables: Arc<TableStore>,
+    metrics: PrometheusHandle,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(tables, metrics)).with_graceful_shutdown(shutdown).await
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+/// Ready only once a snapshot (received or cached) is applied: before that
+/// every request would be a 404, so a load balancer must not send traffic yet.
+async fn readyz(State(state): State<OpsState>) -> impl IntoResponse {
+    if state.tables.is_ready() {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "no snapshot applied yet\n")
+    }
+}
+
+async fn render_metrics(State(state): State<OpsState>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], state.metrics.render())
+}

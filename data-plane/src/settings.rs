@@ -1,0 +1,164 @@
+//! Start-up settings of `sluice-dp`: parsed once in `main` from flags or
+//! `SLUICE_*` environment variables, then handed to [`crate::app::App::build`].
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+/// An on/off switch spelled the way operators write it in env files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Switch {
+    On,
+    Off,
+}
+
+impl Switch {
+    pub fn is_on(self) -> bool {
+        self == Switch::On
+    }
+}
+
+/// Everything a data plane needs to start: where the control plane is, how to
+/// authenticate to it, and where to listen. The data plane holds no other state.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "sluice-dp", version, about = "Sluice data plane: proxies traffic by the control plane's snapshots")]
+pub struct Settings {
+    /// gRPC address of the control plane's sync service.
+    #[arg(long, env = "SLUICE_CONTROL_PLANE", default_value = "http://127.0.0.1:9090")]
+    pub control_plane: String,
+
+    /// Shared secret presented to the control plane as `Bearer <token>`.
+    #[arg(long, env = "SLUICE_CLUSTER_TOKEN", hide_env_values = true)]
+    pub cluster_token: Option<String>,
+
+    /// Plain-HTTP proxy listener (HTTP/1.1 and h2c). Port 0 picks a free port.
+    #[arg(long, env = "SLUICE_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    pub http_addr: SocketAddr,
+
+    /// TLS proxy listener. Accepted now; bound once TLS termination lands.
+    #[arg(long, env = "SLUICE_HTTPS_ADDR", default_value = "0.0.0.0:8443")]
+    pub https_addr: SocketAddr,
+
+    /// Ops listener: /healthz, /readyz, /metrics. Loopback by default because
+    /// metrics reveal the configuration.
+    #[arg(long, env = "SLUICE_OPS_ADDR", default_value = "127.0.0.1:9100")]
+    pub ops_addr: SocketAddr,
+
+    /// Name shown on the control plane; defaults to the hostname plus a random
+    /// suffix so that two nodes on one host stay distinct.
+    #[arg(long, env = "SLUICE_NODE_ID")]
+    pub node_id: Option<String>,
+
+    /// File keeping the last applied snapshot, loaded at start so that a node
+    /// restarted while the control plane is down still serves traffic.
+    #[arg(long, env = "SLUICE_SNAPSHOT_CACHE")]
+    pub snapshot_cache: Option<PathBuf>,
+
+    /// One JSON line per request on stdout.
+    #[arg(long, env = "SLUICE_ACCESS_LOG", value_enum, default_value = "on")]
+    pub access_log: Switch,
+
+    /// Redis for cluster-wide rate limits (accepted; not used yet).
+    #[arg(long, env = "SLUICE_REDIS_URL")]
+    pub redis_url: Option<String>,
+
+    /// Interval of heartbeats to the control plane, in milliseconds.
+    #[arg(long, env = "SLUICE_HEARTBEAT_MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub heartbeat_ms: u64,
+
+    /// How long in-flight requests may run after SIGTERM/SIGINT, in seconds.
+    #[arg(long, env = "SLUICE_SHUTDOWN_GRACE_SECS", default_value_t = 30)]
+    pub shutdown_grace_secs: u64,
+}
+
+impl Settings {
+    /// Settings with every default, for tests and embedding (`sluice standalone`).
+    pub fn with_defaults() -> Self {
+        Self {
+            control_plane: "http://127.0.0.1:9090".into(),
+            cluster_token: None,
+            http_addr: SocketAddr::from(([0, 0, 0, 0], 8080)),
+            https_addr: SocketAddr::from(([0, 0, 0, 0], 8443)),
+            ops_addr: SocketAddr::from(([127, 0, 0, 1], 9100)),
+            node_id: None,
+            snapshot_cache: None,
+            access_log: Switch::On,
+            redis_url: None,
+            heartbeat_ms: 5_000,
+            shutdown_grace_secs: 30,
+        }
+    }
+
+    pub fn heartbeat_interval(&self) -> Duration {
+        Duration::from_millis(self.heartbeat_ms.max(1))
+    }
+
+    pub fn shutdown_grace(&self) -> Duration {
+        Duration::from_secs(self.shutdown_grace_secs)
+    }
+
+    /// The configured node id, or `<hostname>-<6 hex chars>`.
+    pub fn resolved_node_id(&self) -> String {
+        match &self.node_id {
+            Some(id) if !id.trim().is_empty() => id.trim().to_owned(),
+            _ => format!("{}-{:06x}", hostname(), rand::random::<u32>() & 0x00ff_ffff),
+        }
+    }
+}
+
+/// The machine's hostname without pulling in a crate for it: the kernel's
+/// value on Linux, then `$HOSTNAME`, then a fixed name.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "sluice-dp".to_owned())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_design() {
+        let parsed = Settings::try_parse_from(["sluice-dp"]).unwrap();
+        let built = Settings::with_defaults();
+        assert_eq!(parsed.control_plane, built.control_plane);
+        assert_eq!(parsed.http_addr, built.http_addr);
+        assert_eq!(parsed.https_addr, built.https_addr);
+        assert_eq!(parsed.ops_addr, built.ops_addr);
+        assert_eq!(parsed.access_log, Switch::On);
+        assert_eq!(parsed.heartbeat_ms, built.heartbeat_ms);
+    }
+
+    #[test]
+    fn flags_parse() {
+        let s = Settings::try_parse_from([
+            "sluice-dp",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--access-log",
+            "off",
+            "--node-id",
+            "n1",
+            "--snapshot-cache",
+            "/tmp/x.pb",
+        ])
+        .unwrap();
+        assert_eq!(s.http_addr.port(), 0);
+        assert!(!s.access_log.is_on());
+        assert_eq!(s.resolved_node_id(), "n1");
+        assert_eq!(s.snapshot_cache, Some(PathBuf::from("/tmp/x.pb")));
+    }
+
+    #[test]
+    fn generated_node_ids_differ() {
+        let s = Settings::with_defaults();
+        assert_ne!(s.resolved_node_id(), s.resolved_node_id());
+    }
+}
