@@ -1,1 +1,6 @@
 //! placeholder
+
+pub mod certificates;
+pub mod credentials;
+pub mod secrets;
+pub mod specs;
