@@ -1,0 +1,184 @@
+//! The proxy listener, the data plane's request path from accept to response:
+//! accept -> HTTP/1.1 or h2c -> load the routing table once -> route match ->
+//! forward to an upstream target -> access log and metrics. Graceful: on
+//! shutdown it stops accepting and lets open connections finish.
+
+mod error;
+mod forward;
+mod log;
+
+use std::convert::Infallible;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::{Request, Response, StatusCode, header};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, warn};
+
+pub use error::{Origin, ProxyError};
+pub use log::LoggedBody;
+
+use crate::routing::{RouteMiss, TableStore};
+use log::Exchange;
+
+/// Settings of the proxy listener (from the data plane's settings).
+#[derive(Debug, Clone, Copy)]
+pub struct ProxyOptions {
+    /// Write one JSON line per request to stdout.
+    pub access_log: bool,
+    /// Sent upstream in `X-Forwarded-Proto`: the scheme this listener serves.
+    pub scheme: &'static str,
+}
+
+impl Default for ProxyOptions {
+    fn default() -> Self {
+        ProxyOptions { access_log: true, scheme: "http" }
+    }
+}
+
+/// Back-off after a failed accept (e.g. out of file descriptors), so the loop
+/// does not spin while the condition lasts.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
+
+struct Shared {
+    tables: Arc<TableStore>,
+    options: ProxyOptions,
+}
+
+/// Serves the proxy on `listener` until `shutdown` completes, then stops
+/// accepting, asks every open connection to close after its in-flight
+/// requests, and returns once they all have. Callers wanting a deadline wrap
+/// this future in a timeout.
+pub async fn serve(
+    listener: TcpListener,
+    tables: Arc<TableStore>,
+    options: ProxyOptions,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let shared = Arc::new(Shared { tables, options });
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).keep_alive(true);
+    builder.http2().timer(TokioTimer::new());
+    let builder = Arc::new(builder);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    // Every connection task holds a sender; `recv` returns None once all are gone.
+    let (open_tx, mut open_rx) = mpsc::channel::<()>(1);
+
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    warn!(error = %e, "accept failed");
+                    tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                    continue;
+                }
+            },
+        };
+        // Proxied traffic is latency-bound; small writes must not wait for Nagle.
+        let _ = stream.set_nodelay(true);
+        let shared = shared.clone();
+        let builder = builder.clone();
+        let mut stop_rx = stop_rx.clone();
+        let open = open_tx.clone();
+        tokio::spawn(async move {
+            let client_ip = peer.ip().to_canonical();
+            let service = service_fn(move |request| handle(request, shared.clone(), client_ip));
+            let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+            tokio::pin!(connection);
+            tokio::select! {
+                result = connection.as_mut() => {
+                    if let Err(e) = result {
+                        debug!(%peer, error = %e, "client connection ended with an error");
+                    }
+                }
+                // The guard `wait_for` returns is not Send: drop it inside this future.
+                () = async { let _ = stop_rx.wait_for(|stop| *stop).await; } => {
+                    connection.as_mut().graceful_shutdown();
+                    if let Err(e) = connection.await {
+                        debug!(%peer, error = %e, "client connection ended with an error while draining");
+                    }
+                }
+            }
+            drop(open);
+        });
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    drop(open_tx);
+    let _ = open_rx.recv().await;
+    Ok(())
+}
+
+async fn handle(
+    request: Request<Incoming>,
+    shared: Arc<Shared>,
+    client_ip: IpAddr,
+) -> Result<Response<LoggedBody>, Infallible> {
+    let mut exchange = Exchange {
+        started: Instant::now(),
+        method: request.method().to_string(),
+        path: request.uri().path().to_string(),
+        api: None,
+        upstream_target: None,
+        consumer: None,
+        status: StatusCode::OK,
+        access_log: shared.options.access_log,
+        in_flight: None,
+        table: None,
+    };
+    let response = match route_and_forward(request, &shared, client_ip, &mut exchange).await {
+        Ok(response) => response,
+        Err(error) => {
+            let request_id = format!("{:016x}", rand::random::<u64>());
+            match error.origin() {
+                Origin::Client => debug!(%error, "request rejected"),
+                Origin::Upstream => warn!(%error, request_id, api = exchange.api.as_deref(), "upstream failure"),
+                Origin::Internal => warn!(%error, request_id, "internal proxy error"),
+            }
+            error.to_response(&exchange.path, &request_id)
+        }
+    };
+    exchange.status = response.status();
+    Ok(response.map(|body| LoggedBody::new(body, exchange)))
+}
+
+async fn route_and_forward(
+    request: Request<Incoming>,
+    shared: &Shared,
+    client_ip: IpAddr,
+    exchange: &mut Exchange,
+) -> Result<Response<crate::upstream::ProxyBody>, ProxyError> {
+    // One load per request: the whole request, body streaming included, runs
+    // on this table even if a newer one is swapped in meanwhile.
+    let table = shared.tables.load().ok_or(ProxyError::NotReady)?;
+    exchange.table = Some(table.clone());
+    // HTTP/2 and absolute-form requests carry the host in the URI; HTTP/1.1 in Host.
+    let host = match request.uri().host() {
+        Some(host) => Some(host),
+        None => request.headers().get(header::HOST).and_then(|h| h.to_str().ok()),
+    };
+    let api = match table.route(host, request.uri().path(), request.method()) {
+        Ok(api) => api.clone(),
+        Err(RouteMiss::NotFound) => {
+            return Err(ProxyError::NoRoute { method: exchange.method.clone(), path: exchange.path.clone() });
+        }
+        Err(RouteMiss::MethodNotAllowed { allow }) => {
+            return Err(ProxyError::MethodNotAllowed {
+                method: exchange.method.clone(),
+                path: exchange.path.clone(),
+                allow,
+            });
+        }
+    };
+    exchange.api = Some(api.name.clone());
+    forward::forward(&api, request, client_ip, &shared.options, exchange).await
+}

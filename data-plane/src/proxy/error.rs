@@ -1,0 +1,173 @@
+//! Proxy errors, at the end of the request path: every way a request can fail
+//! before the upstream's answer reaches the client, tagged by where it came
+//! from, and turned into one RFC 9457 problem-details response.
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full};
+use serde_json::json;
+
+use crate::upstream::ProxyBody;
+
+const PROBLEM_BASE: &str = "https://sluice.dev/problems/";
+
+/// Who is to blame, as pingora tags its errors: decides log level and lets
+/// dashboards tell client mistakes from upstream outages from our own bugs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    Client,
+    Upstream,
+    Internal,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("no routing table has been applied yet")]
+    NotReady,
+    #[error("no API serves {method} {path}")]
+    NoRoute { method: String, path: String },
+    #[error("{method} is not allowed on {path}")]
+    MethodNotAllowed { method: String, path: String, allow: Vec<String> },
+    #[error("the request target is invalid: {0}")]
+    BadRequest(String),
+    #[error("upstream `{upstream}` has no healthy target")]
+    NoHealthyTarget { upstream: String },
+    #[error("cannot connect to upstream target {target}: {reason}")]
+    Connect { target: String, reason: String },
+    #[error("upstream target {target} did not answer within {timeout_ms} ms")]
+    Timeout { target: String, timeout_ms: u128 },
+    #[error("upstream target {target} failed: {reason}")]
+    Upstream { target: String, reason: String },
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ProxyError {
+    pub fn origin(&self) -> Origin {
+        match self {
+            ProxyError::NoRoute { .. } | ProxyError::MethodNotAllowed { .. } | ProxyError::BadRequest(_) => {
+                Origin::Client
+            }
+            ProxyError::NoHealthyTarget { .. }
+            | ProxyError::Connect { .. }
+            | ProxyError::Timeout { .. }
+            | ProxyError::Upstream { .. } => Origin::Upstream,
+            ProxyError::NotReady | ProxyError::Internal(_) => Origin::Internal,
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ProxyError::NoRoute { .. } => StatusCode::NOT_FOUND,
+            ProxyError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ProxyError::NotReady | ProxyError::NoHealthyTarget { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::Connect { .. } | ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
+            ProxyError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// (type slug, title, detail for the client). Upstream and internal
+    /// details stay in the log: target addresses are internals.
+    fn describe(&self) -> (&'static str, &'static str, String) {
+        match self {
+            ProxyError::NotReady => {
+                ("not-ready", "Gateway not ready", "No configuration has been applied yet; retry shortly.".into())
+            }
+            ProxyError::NoRoute { .. } => ("route-not-found", "No route matches the request", self.to_string()),
+            ProxyError::MethodNotAllowed { allow, .. } => {
+                ("method-not-allowed", "Method not allowed", format!("{self}; allowed: {}", allow.join(", ")))
+            }
+            ProxyError::BadRequest(_) => ("bad-request", "Bad request", self.to_string()),
+            ProxyError::NoHealthyTarget { .. } => (
+                "upstream-unavailable",
+                "Upstream unavailable",
+                "No healthy upstream server is available; retry later.".into(),
+            ),
+            ProxyError::Connect { .. } | ProxyError::Upstream { .. } => {
+                ("bad-gateway", "Bad gateway", "The upstream server could not be reached or failed to answer.".into())
+            }
+            ProxyError::Timeout { .. } => {
+                ("gateway-timeout", "Gateway timeout", "The upstream server did not answer in time.".into())
+            }
+            ProxyError::Internal(_) => ("internal", "Internal error", "The gateway failed; retry later.".into()),
+        }
+    }
+
+    /// The problem-details response. `request_id` correlates a 5xx with its log line.
+    pub fn to_response(&self, instance: &str, request_id: &str) -> Response<ProxyBody> {
+        let status = self.status();
+        let (slug, title, detail) = self.describe();
+        let mut body = json!({
+            "type": format!("{PROBLEM_BASE}{slug}"),
+            "title": title,
+            "status": status.as_u16(),
+            "detail": detail,
+            "instance": instance,
+        });
+        if status.is_server_error() {
+            body["request_id"] = json!(request_id);
+        }
+        let mut response = Response::new(problem_body(body.to_string()));
+        *response.status_mut() = status;
+        response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        if let ProxyError::MethodNotAllowed { allow, .. } = self
+            && let Ok(value) = HeaderValue::from_str(&allow.join(", "))
+        {
+            response.headers_mut().insert(header::ALLOW, value);
+        }
+        if matches!(self, ProxyError::NotReady | ProxyError::NoHealthyTarget { .. }) {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+}
+
+fn problem_body(text: String) -> ProxyBody {
+    Full::new(Bytes::from(text)).map_err(|never| match never {}).boxed()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn problem_details_table() {
+        let cases = [
+            (ProxyError::NoRoute { method: "GET".into(), path: "/x".into() }, 404, "route-not-found", None),
+            (
+                ProxyError::MethodNotAllowed {
+                    method: "PUT".into(),
+                    path: "/x".into(),
+                    allow: vec!["GET".into(), "POST".into()],
+                },
+                405,
+                "method-not-allowed",
+                Some("GET, POST"),
+            ),
+            (ProxyError::NoHealthyTarget { upstream: "u".into() }, 503, "upstream-unavailable", None),
+            (
+                ProxyError::Connect { target: "http://10.0.0.1".into(), reason: "refused".into() },
+                502,
+                "bad-gateway",
+                None,
+            ),
+            (ProxyError::Timeout { target: "http://10.0.0.1".into(), timeout_ms: 5 }, 504, "gateway-timeout", None),
+        ];
+        for (error, status, slug, allow) in cases {
+            let response = error.to_response("/x", "abc");
+            assert_eq!(response.status().as_u16(), status);
+            assert_eq!(response.headers()[header::CONTENT_TYPE], "application/problem+json");
+            assert_eq!(response.headers().get(header::ALLOW).map(|v| v.to_str().unwrap()), allow);
+            let bytes = response.into_body().collect().await.unwrap().to_bytes();
+            let body: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+            assert_eq!(body["status"], status);
+            assert!(body["type"].as_str().unwrap().ends_with(slug));
+            // Internals (target addresses) never reach the client.
+            assert!(!bytes.windows(8).any(|w| w == b"10.0.0.1"));
+            assert_eq!(body.get("request_id").is_some(), status >= 500);
+        }
+    }
+}

@@ -1,0 +1,339 @@
+//! Forwarding, after route match (and, later, the policy chain): rewrites the
+//! request for the upstream (path, hop-by-hop and forwarding headers), picks a
+//! target, sends with timeout and bounded retries, and prepares the response
+//! (including the tunnel of an upgraded connection such as a WebSocket).
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::PathAndQuery;
+use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http_body::Body as _;
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+
+use super::ProxyOptions;
+use super::error::ProxyError;
+use super::log::Exchange;
+use crate::routing::CompiledApi;
+use crate::upstream::{InFlight, ProxyBody, Target};
+
+/// Headers that describe one hop, never the end-to-end message (RFC 9110 §7.6.1).
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+];
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+pub(super) async fn forward(
+    api: &CompiledApi,
+    mut request: Request<Incoming>,
+    client_ip: IpAddr,
+    options: &ProxyOptions,
+    exchange: &mut Exchange,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let upgrade = upgrade_protocol(request.headers());
+    // Must be taken before the request is consumed: it is how hyper hands
+    // over the client's connection once we answer 101.
+    let client_upgrade = upgrade.is_some().then(|| hyper::upgrade::on(&mut request));
+
+    let (parts, body) = request.into_parts();
+    let original_host = parts
+        .uri
+        .authority()
+        .map(|a| a.as_str().to_string())
+        .or_else(|| parts.headers.get(header::HOST).and_then(|h| h.to_str().ok()).map(str::to_string));
+    let path_and_query = upstream_path(&api.prefix, api.strip_prefix, &parts.uri)?;
+    let mut headers = parts.headers;
+    strip_hop_by_hop(&mut headers);
+    if let Some(protocol) = &upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, protocol.clone());
+    }
+    add_forwarding_headers(&mut headers, client_ip, original_host.as_deref(), options, parts.version);
+    let http2 = api.upstream.http2();
+    if api.preserve_host {
+        if let Some(host) = original_host.as_deref().and_then(|h| HeaderValue::from_str(h).ok()) {
+            headers.insert(header::HOST, host);
+        }
+    } else {
+        headers.remove(header::HOST);
+    }
+    let version = if http2 { Version::HTTP_2 } else { Version::HTTP_11 };
+
+    // A request without a body can be re-sent as is; one with a streamed body
+    // cannot (it is consumed by the first attempt), so it is never retried.
+    let replayable = body.is_end_stream();
+    let mut body = Some(body);
+    let idempotent = matches!(
+        parts.method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    );
+    let pool = &api.upstream;
+    pool.deposit_retry_budget();
+    let mut attempt = 0;
+    loop {
+        let target = pool
+            .pick(Some(client_ip), &headers)
+            .ok_or_else(|| ProxyError::NoHealthyTarget { upstream: pool.name.clone() })?;
+        exchange.upstream_target = Some(target.url.clone());
+        let in_flight = InFlight::new(target.clone());
+        let uri = Uri::builder()
+            .scheme(target.scheme.clone())
+            .authority(target.authority.clone())
+            .path_and_query(path_and_query.clone())
+            .build()
+            .map_err(|e| ProxyError::Internal(format!("cannot build upstream URI: {e}")))?;
+        let outgoing_body = match body.take() {
+            Some(incoming) if !replayable => incoming.boxed(),
+            _ => Empty::new().map_err(|never| match never {}).boxed(),
+        };
+        let mut outgoing = Request::new(outgoing_body);
+        *outgoing.method_mut() = parts.method.clone();
+        *outgoing.uri_mut() = uri;
+        *outgoing.version_mut() = version;
+        *outgoing.headers_mut() = headers.clone();
+        if !api.preserve_host && !http2 {
+            outgoing.headers_mut().insert(header::HOST, authority_value(&target)?);
+        }
+
+        match tokio::time::timeout(api.request_timeout, api.client.request(outgoing)).await {
+            Ok(Ok(response)) => {
+                if matches!(
+                    response.status(),
+                    StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT
+                ) {
+                    pool.record_failure(&target);
+                } else {
+                    pool.record_success(&target);
+                }
+                return Ok(finish_response(response, client_upgrade, in_flight, exchange));
+            }
+            Ok(Err(e)) if e.is_connect() => {
+                pool.record_failure(&target);
+                if idempotent && replayable && attempt < api.retries && pool.withdraw_retry() {
+                    attempt += 1;
+                    tracing::debug!(upstream = %pool.name, target = %target.url, attempt, "connect failed; retrying");
+                    continue;
+                }
+                return Err(ProxyError::Connect { target: target.url.clone(), reason: error_chain(&e) });
+            }
+            Ok(Err(e)) => {
+                pool.record_failure(&target);
+                return Err(ProxyError::Upstream { target: target.url.clone(), reason: error_chain(&e) });
+            }
+            Err(_) => {
+                pool.record_failure(&target);
+                return Err(ProxyError::Timeout {
+                    target: target.url.clone(),
+                    timeout_ms: api.request_timeout.as_millis(),
+                });
+            }
+        }
+    }
+}
+
+fn finish_response(
+    mut response: Response<Incoming>,
+    client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+    in_flight: InFlight,
+    exchange: &mut Exchange,
+) -> Response<ProxyBody> {
+    let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
+    match client_upgrade {
+        Some(client_upgrade) if switching => {
+            // The 101 keeps its Connection/Upgrade headers: the client needs them.
+            let upstream_upgrade = hyper::upgrade::on(&mut response);
+            tokio::spawn(async move {
+                // The tunnel counts as in flight on its target for as long as it is open.
+                let _in_flight = in_flight;
+                match (client_upgrade.await, upstream_upgrade.await) {
+                    (Ok(client), Ok(upstream)) => {
+                        let (mut client, mut upstream) = (TokioIo::new(client), TokioIo::new(upstream));
+                        if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+                            tracing::debug!(error = %e, "upgraded connection ended with an error");
+                        }
+                    }
+                    (client, upstream) => tracing::debug!(
+                        client_ok = client.is_ok(),
+                        upstream_ok = upstream.is_ok(),
+                        "upgrade failed on one side"
+                    ),
+                }
+            });
+        }
+        _ => {
+            strip_hop_by_hop(response.headers_mut());
+            exchange.in_flight = Some(in_flight);
+        }
+    }
+    let version = response.version();
+    append_via(response.headers_mut(), version);
+    response.map(|body| body.boxed())
+}
+
+/// The upstream path: the client's path and query, minus the API prefix when `strip_prefix` is set.
+fn upstream_path(prefix: &str, strip: bool, uri: &Uri) -> Result<PathAndQuery, ProxyError> {
+    let original = uri.path_and_query().map_or("/", PathAndQuery::as_str);
+    if !strip || prefix.is_empty() {
+        return Ok(uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/")));
+    }
+    let rest = original.strip_prefix(prefix).unwrap_or(original);
+    let rewritten = if rest.starts_with('/') { rest.to_string() } else { format!("/{rest}") };
+    PathAndQuery::try_from(rewritten).map_err(|e| ProxyError::BadRequest(format!("cannot rewrite path: {e}")))
+}
+
+/// `Some(protocol)` when the client asks to switch protocols (WebSocket).
+fn upgrade_protocol(headers: &HeaderMap) -> Option<HeaderValue> {
+    let wants_upgrade = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
+    if wants_upgrade { headers.get(header::UPGRADE).cloned() } else { None }
+}
+
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Headers named in Connection are hop-by-hop too, by the sender's say-so.
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+    headers.remove(header::UPGRADE);
+}
+
+fn add_forwarding_headers(
+    headers: &mut HeaderMap,
+    client_ip: IpAddr,
+    host: Option<&str>,
+    options: &ProxyOptions,
+    version: Version,
+) {
+    // Append, not replace: earlier proxies' entries stay for whoever trusts them.
+    let forwarded_for = match headers.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+        Some(existing) if !existing.trim().is_empty() => format!("{existing}, {client_ip}"),
+        _ => client_ip.to_string(),
+    };
+    if let Ok(value) = HeaderValue::from_str(&forwarded_for) {
+        headers.insert(X_FORWARDED_FOR, value);
+    }
+    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(options.scheme));
+    if let Some(value) = host.and_then(|h| HeaderValue::from_str(h).ok()) {
+        headers.insert(X_FORWARDED_HOST, value);
+    }
+    append_via(headers, version);
+}
+
+fn append_via(headers: &mut HeaderMap, version: Version) {
+    let protocol = match version {
+        Version::HTTP_10 => "1.0",
+        Version::HTTP_2 => "2",
+        Version::HTTP_3 => "3",
+        _ => "1.1",
+    };
+    let via = match headers.get(header::VIA).and_then(|v| v.to_str().ok()) {
+        Some(existing) => format!("{existing}, {protocol} sluice"),
+        None => format!("{protocol} sluice"),
+    };
+    if let Ok(value) = HeaderValue::from_str(&via) {
+        headers.insert(header::VIA, value);
+    }
+}
+
+fn authority_value(target: &Arc<Target>) -> Result<HeaderValue, ProxyError> {
+    HeaderValue::from_str(target.authority.as_str()).map_err(|e| ProxyError::Internal(format!("bad authority: {e}")))
+}
+
+/// hyper's top-level errors say little ("client error (Connect)"); the cause is in the chain.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_table() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("connection", "keep-alive, x-secret-hop"),
+            ("keep-alive", "timeout=5"),
+            ("x-secret-hop", "1"),
+            ("te", "trailers"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "h2c"),
+            ("x-end-to-end", "kept"),
+        ] {
+            h.insert(HeaderName::from_static(k), HeaderValue::from_static(v));
+        }
+        strip_hop_by_hop(&mut h);
+        let left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        assert_eq!(left, vec!["x-end-to-end"]);
+    }
+
+    #[test]
+    fn forwarding_headers_append() {
+        let mut h = HeaderMap::new();
+        h.insert(X_FORWARDED_FOR, HeaderValue::from_static("1.2.3.4"));
+        h.insert(header::VIA, HeaderValue::from_static("1.1 edge"));
+        let options = ProxyOptions::default();
+        add_forwarding_headers(&mut h, "10.0.0.9".parse().unwrap(), Some("shop.example"), &options, Version::HTTP_11);
+        assert_eq!(h[X_FORWARDED_FOR], "1.2.3.4, 10.0.0.9");
+        assert_eq!(h[X_FORWARDED_PROTO], "http");
+        assert_eq!(h[X_FORWARDED_HOST], "shop.example");
+        assert_eq!(h[header::VIA], "1.1 edge, 1.1 sluice");
+    }
+
+    #[test]
+    fn strip_prefix_table() {
+        let cases = [
+            ("/shop", true, "/shop/items?x=1", "/items?x=1"),
+            ("/shop", true, "/shop", "/"),
+            ("/shop", true, "/shop?x=1", "/?x=1"),
+            ("/shop", false, "/shop/items", "/shop/items"),
+            ("", true, "/items", "/items"),
+        ];
+        for (prefix, strip, input, want) in cases {
+            let uri: Uri = input.parse().unwrap();
+            assert_eq!(upstream_path(prefix, strip, &uri).unwrap().as_str(), want, "{prefix} {input}");
+        }
+    }
+
+    #[test]
+    fn upgrade_detection() {
+        let mut h = HeaderMap::new();
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        assert_eq!(upgrade_protocol(&h), None);
+        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, Upgrade"));
+        assert_eq!(upgrade_protocol(&h), Some(HeaderValue::from_static("websocket")));
+    }
+}

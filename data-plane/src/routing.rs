@@ -1,0 +1,294 @@
+//! Snapshot -> routing table, between the sync client and the proxy: `compile`
+//! turns a validated snapshot into the runtime form (route matcher, per-API
+//! settings, upstream pools) off to the side, and `TableStore` swaps it in
+//! with one atomic store that every new request then reads once.
+
+mod matcher;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwapOption;
+use http::Method;
+use sluice_proto::v1;
+
+pub use matcher::RouteMiss;
+
+use crate::upstream::{UpstreamClient, UpstreamPool};
+
+/// Used when an API leaves its timeouts at 0.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(Debug, thiserror::Error)]
+pub enum CompileError {
+    #[error("snapshot is invalid: {}", join(.0))]
+    Invalid(Vec<sluice_proto::Violation>),
+    #[error("upstream `{upstream}`: {reason}")]
+    Upstream { upstream: String, reason: String },
+    #[error("API `{api}` refers to upstream `{upstream}`, which the snapshot does not define")]
+    MissingUpstream { api: String, upstream: String },
+    #[error("route conflict on `{route}`: {detail}")]
+    RouteConflict { route: String, detail: String },
+}
+
+fn join(violations: &[sluice_proto::Violation]) -> String {
+    violations.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+}
+
+/// An API's runtime settings, shared by every request it serves.
+#[derive(Debug)]
+pub struct CompiledApi {
+    pub name: String,
+    /// The path prefix without a trailing slash ("" for "/"), removed when `strip_prefix` is set.
+    pub prefix: String,
+    pub strip_prefix: bool,
+    pub preserve_host: bool,
+    pub upstream: Arc<UpstreamPool>,
+    /// The pooled client for this API's connect timeout.
+    pub client: UpstreamClient,
+    /// Time allowed until the upstream's response headers arrive.
+    pub request_timeout: Duration,
+    pub retries: u32,
+    /// The wire definition, for the policy chain compiled in a later step.
+    pub spec: v1::Api,
+}
+
+/// The compiled form of one snapshot. Immutable once built; requests hold an
+/// `Arc` to the table they started with until they finish.
+#[derive(Debug)]
+pub struct RoutingTable {
+    pub version: u64,
+    pub hash: String,
+    matcher: matcher::Matcher,
+    apis: Vec<Arc<CompiledApi>>,
+    upstreams: HashMap<String, Arc<UpstreamPool>>,
+}
+
+impl RoutingTable {
+    /// Finds the API serving a request. `host` is the Host header or URI authority.
+    pub fn route(&self, host: Option<&str>, path: &str, method: &Method) -> Result<&Arc<CompiledApi>, RouteMiss> {
+        let index = self.matcher.lookup(host, path, method)?;
+        self.apis.get(index).ok_or(RouteMiss::NotFound)
+    }
+
+    pub fn apis(&self) -> &[Arc<CompiledApi>] {
+        &self.apis
+    }
+
+    pub fn upstream(&self, name: &str) -> Option<&Arc<UpstreamPool>> {
+        self.upstreams.get(name)
+    }
+}
+
+/// Compiles a snapshot. Upstream pools whose definition is unchanged since
+/// `previous` are carried over with their connections, health and counters.
+pub fn compile(snapshot: &v1::Snapshot, previous: Option<&RoutingTable>) -> Result<RoutingTable, CompileError> {
+    sluice_proto::validate(snapshot).map_err(CompileError::Invalid)?;
+
+    let mut upstreams = HashMap::with_capacity(snapshot.upstreams.len());
+    for spec in &snapshot.upstreams {
+        let old = previous.and_then(|p| p.upstreams.get(&spec.name));
+        let pool = UpstreamPool::build(spec, old)
+            .map_err(|reason| CompileError::Upstream { upstream: spec.name.clone(), reason })?;
+        upstreams.insert(spec.name.clone(), pool);
+    }
+
+    let mut apis = Vec::with_capacity(snapshot.apis.len());
+    for api in &snapshot.apis {
+        let upstream = upstreams
+            .get(&api.upstream)
+            .cloned()
+            .ok_or_else(|| CompileError::MissingUpstream { api: api.name.clone(), upstream: api.upstream.clone() })?;
+        let connect_timeout = millis_or(api.connect_timeout_ms, DEFAULT_CONNECT_TIMEOUT);
+        apis.push(Arc::new(CompiledApi {
+            name: api.name.clone(),
+            prefix: api.path_prefix.trim_end_matches('/').to_string(),
+            strip_prefix: api.strip_prefix,
+            preserve_host: api.preserve_host,
+            client: upstream.client(connect_timeout),
+            upstream,
+            request_timeout: millis_or(api.request_timeout_ms, DEFAULT_REQUEST_TIMEOUT),
+            retries: api.retries,
+            spec: api.clone(),
+        }));
+    }
+
+    let names: Vec<String> = snapshot.apis.iter().map(|a| a.name.clone()).collect();
+    let routes = snapshot.apis.iter().enumerate().map(|(i, a)| matcher::RouteSpec {
+        api: i,
+        hosts: &a.hosts,
+        path_prefix: &a.path_prefix,
+        paths: &a.paths,
+        methods: &a.methods,
+    });
+    let matcher = matcher::Matcher::build(routes, &names)
+        .map_err(|c| CompileError::RouteConflict { route: c.route, detail: c.detail })?;
+
+    let hash = if snapshot.hash.is_empty() { sluice_proto::content_hash(snapshot) } else { snapshot.hash.clone() };
+    Ok(RoutingTable { version: snapshot.version, hash, matcher, apis, upstreams })
+}
+
+fn millis_or(ms: u64, default: Duration) -> Duration {
+    if ms == 0 { default } else { Duration::from_millis(ms) }
+}
+
+/// What [`TableStore::apply`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApplyOutcome {
+    /// The table already serves a snapshot with this hash; nothing was done.
+    Unchanged,
+    Swapped {
+        version: u64,
+        compile_time: Duration,
+    },
+}
+
+/// Holds the current routing table. Readers call [`TableStore::load`] once per
+/// request; a swap never blocks them and never shows them a half-built table.
+#[derive(Debug, Default)]
+pub struct TableStore {
+    current: ArcSwapOption<RoutingTable>,
+    /// Serializes writers so two applies cannot both compile against the same
+    /// previous table and lose one's carried-over state.
+    apply_lock: Mutex<()>,
+}
+
+impl TableStore {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn load(&self) -> Option<Arc<RoutingTable>> {
+        self.current.load_full()
+    }
+
+    /// Ready once any table is applied.
+    pub fn is_ready(&self) -> bool {
+        self.current.load().is_some()
+    }
+
+    /// Compiles `snapshot` and swaps it in, unless its hash is already served.
+    /// On error the current table stays.
+    pub fn apply(&self, snapshot: &v1::Snapshot) -> Result<ApplyOutcome, CompileError> {
+        let _writer = self.apply_lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let previous = self.load();
+        let hash = if snapshot.hash.is_empty() { sluice_proto::content_hash(snapshot) } else { snapshot.hash.clone() };
+        if previous.as_ref().is_some_and(|p| p.hash == hash) {
+            return Ok(ApplyOutcome::Unchanged);
+        }
+        let started = Instant::now();
+        let mut table = compile(snapshot, previous.as_deref())?;
+        table.hash = hash;
+        let compile_time = started.elapsed();
+        let version = table.version;
+        self.current.store(Some(Arc::new(table)));
+        Ok(ApplyOutcome::Swapped { version, compile_time })
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn upstream(name: &str, url: &str) -> v1::Upstream {
+        v1::Upstream {
+            name: name.into(),
+            targets: vec![v1::Target { url: url.into(), weight: 1 }],
+            ..Default::default()
+        }
+    }
+
+    fn api(name: &str, prefix: &str, upstream: &str) -> v1::Api {
+        v1::Api { name: name.into(), path_prefix: prefix.into(), upstream: upstream.into(), ..Default::default() }
+    }
+
+    fn snapshot(apis: Vec<v1::Api>, upstreams: Vec<v1::Upstream>) -> v1::Snapshot {
+        v1::Snapshot { version: 1, apis, upstreams, ..Default::default() }
+    }
+
+    #[test]
+    fn compile_errors_table() {
+        let ok_up = || upstream("u", "http://127.0.0.1:9");
+        let cases: Vec<(&str, v1::Snapshot, &str)> = vec![
+            (
+                "missing upstream",
+                snapshot(vec![api("a", "/", "nope")], vec![ok_up()]),
+                "upstream `nope` does not exist",
+            ),
+            ("bad prefix", snapshot(vec![api("a", "shop", "u")], vec![ok_up()]), "must start with `/`"),
+            (
+                "https target",
+                snapshot(vec![api("a", "/", "u")], vec![upstream("u", "https://example.com")]),
+                "only http:// targets",
+            ),
+            (
+                "overlap",
+                snapshot(vec![api("a", "/x", "u"), api("b", "/x/", "u")], vec![ok_up()]),
+                "already routes host",
+            ),
+            (
+                "template conflict",
+                snapshot(
+                    vec![
+                        v1::Api { paths: vec!["/x/{id}".into()], ..api("a", "/x", "u") },
+                        v1::Api { paths: vec!["/x/{sku}".into()], ..api("b", "/x", "u") },
+                    ],
+                    vec![ok_up()],
+                ),
+                "route conflict on `/x/{sku}`",
+            ),
+            ("no targets", snapshot(vec![], vec![v1::Upstream { name: "u".into(), ..Default::default() }]), "target"),
+        ];
+        for (name, snapshot, want) in cases {
+            match compile(&snapshot, None) {
+                Ok(_) => panic!("{name}: compiled"),
+                Err(e) => assert!(e.to_string().contains(want), "{name}: {e}"),
+            }
+        }
+    }
+
+    #[test]
+    fn compiles_and_routes() {
+        let s = snapshot(
+            vec![
+                v1::Api { strip_prefix: true, request_timeout_ms: 1500, ..api("shop", "/shop/", "u") },
+                api("root", "/", "u"),
+            ],
+            vec![upstream("u", "http://127.0.0.1:9")],
+        );
+        let table = compile(&s, None).unwrap();
+        let shop = table.route(Some("x"), "/shop/a", &Method::GET).unwrap();
+        assert_eq!((shop.name.as_str(), shop.prefix.as_str()), ("shop", "/shop"));
+        assert_eq!(shop.request_timeout, Duration::from_millis(1500));
+        assert_eq!(table.route(None, "/other", &Method::GET).unwrap().name, "root");
+        assert_eq!(table.hash, sluice_proto::content_hash(&s));
+    }
+
+    #[test]
+    fn store_swaps_skips_same_hash_and_keeps_old_on_error() {
+        let store = TableStore::new();
+        assert!(!store.is_ready());
+        let mut s = snapshot(vec![api("a", "/", "u")], vec![upstream("u", "http://127.0.0.1:9")]);
+        assert!(matches!(store.apply(&s).unwrap(), ApplyOutcome::Swapped { version: 1, .. }));
+        assert!(store.is_ready());
+        let first = store.load().unwrap();
+        s.version = 2;
+        assert_eq!(store.apply(&s).unwrap(), ApplyOutcome::Unchanged);
+
+        // A changed API keeps the unchanged upstream pool.
+        s.version = 3;
+        s.apis[0].strip_prefix = true;
+        assert!(matches!(store.apply(&s).unwrap(), ApplyOutcome::Swapped { version: 3, .. }));
+        let second = store.load().unwrap();
+        assert!(Arc::ptr_eq(first.upstream("u").unwrap(), second.upstream("u").unwrap()));
+
+        let mut bad = s.clone();
+        bad.version = 4;
+        bad.apis[0].upstream = "missing".into();
+        assert!(store.apply(&bad).is_err());
+        assert_eq!(store.load().unwrap().version, 3);
+    }
+}

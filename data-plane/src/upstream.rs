@@ -1,0 +1,363 @@
+//! Upstream pools, the last step of the request path before the wire: each
+//! upstream of a snapshot becomes one pool holding its targets' health and
+//! load counters, its balancer, its pooled HTTP clients and its health-check
+//! task. A pool whose definition did not change is carried over to the next
+//! routing table as is, so a swap resets no counter and drops no connection.
+
+mod balance;
+mod health;
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::uri::{Authority, Scheme};
+use http_body_util::combinators::BoxBody;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use sluice_proto::v1;
+
+pub use balance::{Balancer, HashOn, PickContext, hash64};
+
+/// Body type on both legs of the proxy: a boxed stream, never buffered.
+pub type ProxyBody = BoxBody<Bytes, hyper::Error>;
+
+/// Pooled client to the targets of one upstream.
+pub type UpstreamClient = Client<HttpConnector, ProxyBody>;
+
+/// How long an idle pooled connection is kept: below the common 60-120 s
+/// server keep-alive limits would be safer, but upstreams here are our own.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+const DEFAULT_EJECTION: Duration = Duration::from_secs(30);
+
+/// Retry budget: every request deposits `DEPOSIT`, a retry withdraws `COST`;
+/// so retries stay under 20% of traffic plus a small reserve, and a dead
+/// upstream is not hammered with retries on top of the original load.
+const BUDGET_DEPOSIT: i64 = 2;
+const BUDGET_COST: i64 = 10;
+const BUDGET_INITIAL: i64 = 100;
+const BUDGET_MAX: i64 = 1_000;
+
+/// A target of an upstream with its live state.
+#[derive(Debug)]
+pub struct Target {
+    /// The origin as configured, e.g. `http://10.0.0.5:8080`; used in logs and metric labels.
+    pub url: String,
+    pub scheme: Scheme,
+    pub authority: Authority,
+    pub weight: u32,
+    upstream: String,
+    /// Set by the active health check; true until a check says otherwise.
+    active_healthy: AtomicBool,
+    consecutive_failures: AtomicU32,
+    /// Milliseconds since [`epoch`] until which the target is ejected; 0 when not ejected.
+    ejected_until_ms: AtomicU64,
+    in_flight: AtomicUsize,
+}
+
+impl Target {
+    /// Whether the balancer may send traffic here now.
+    pub fn is_available(&self) -> bool {
+        if !self.active_healthy.load(Ordering::Relaxed) {
+            return false;
+        }
+        let until = self.ejected_until_ms.load(Ordering::Relaxed);
+        if until == 0 {
+            return true;
+        }
+        if now_ms() < until {
+            return false;
+        }
+        // Ejection time is over: re-admit. Only the thread that wins the
+        // exchange reports it, so the gauge and log fire once.
+        if self.ejected_until_ms.compare_exchange(until, 0, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+            self.consecutive_failures.store(0, Ordering::Relaxed);
+            tracing::info!(upstream = %self.upstream, target = %self.url, "target re-admitted after ejection");
+            self.report_health();
+        }
+        true
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    fn report_health(&self) {
+        let healthy = self.active_healthy.load(Ordering::Relaxed) && self.ejected_until_ms.load(Ordering::Relaxed) == 0;
+        metrics::gauge!("sluice_upstream_healthy", "upstream" => self.upstream.clone(), "target" => self.url.clone())
+            .set(if healthy { 1.0 } else { 0.0 });
+    }
+
+    fn report_in_flight(&self, n: usize) {
+        metrics::gauge!(
+            "sluice_upstream_active_connections", "upstream" => self.upstream.clone(), "target" => self.url.clone()
+        )
+        .set(n as f64);
+    }
+}
+
+/// Counts a request as in flight on a target until dropped; least-connections
+/// and two-choices read this count. Keep it alive until the response body ends.
+#[derive(Debug)]
+pub struct InFlight {
+    target: Arc<Target>,
+}
+
+impl InFlight {
+    pub fn new(target: Arc<Target>) -> Self {
+        let n = target.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        target.report_in_flight(n);
+        InFlight { target }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let n = self.target.in_flight.fetch_sub(1, Ordering::Relaxed).saturating_sub(1);
+        self.target.report_in_flight(n);
+    }
+}
+
+struct TargetList<'a>(&'a [Arc<Target>]);
+
+impl balance::Candidates for TargetList<'_> {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn available(&self, i: usize) -> bool {
+        self.0[i].is_available()
+    }
+    fn weight(&self, i: usize) -> u32 {
+        self.0[i].weight
+    }
+    fn in_flight(&self, i: usize) -> usize {
+        self.0[i].in_flight()
+    }
+}
+
+/// An upstream's runtime form.
+#[derive(Debug)]
+pub struct UpstreamPool {
+    pub name: String,
+    /// The wire definition this pool was built from; a pool is reused only
+    /// for an identical definition.
+    spec: v1::Upstream,
+    targets: Vec<Arc<Target>>,
+    balancer: Balancer,
+    /// One client per connect timeout in use: the connect timeout is a
+    /// connector setting, and APIs sharing an upstream may set different ones.
+    clients: Mutex<HashMap<Duration, UpstreamClient>>,
+    /// (consecutive failures, ejection time); `None` disables passive ejection.
+    passive: Option<(u32, Duration)>,
+    retry_budget: AtomicI64,
+    health_task: Option<tokio::task::AbortHandle>,
+}
+
+impl Drop for UpstreamPool {
+    fn drop(&mut self) {
+        // The last table using this pool is gone: stop probing its targets.
+        if let Some(task) = &self.health_task {
+            task.abort();
+        }
+    }
+}
+
+impl UpstreamPool {
+    /// Builds a pool, or returns `previous` when its definition is identical.
+    pub fn build(spec: &v1::Upstream, previous: Option<&Arc<UpstreamPool>>) -> Result<Arc<Self>, String> {
+        if let Some(previous) = previous
+            && previous.spec == *spec
+        {
+            return Ok(previous.clone());
+        }
+        let mut targets = Vec::with_capacity(spec.targets.len());
+        for t in &spec.targets {
+            let uri: http::Uri = t.url.parse().map_err(|e| format!("target `{}`: {e}", t.url))?;
+            let scheme = uri.scheme().cloned().ok_or_else(|| format!("target `{}` has no scheme", t.url))?;
+            if scheme != Scheme::HTTP {
+                // TLS to upstreams comes with the TLS issue; refuse rather than send cleartext.
+                return Err(format!(
+                    "target `{}`: only http:// targets are supported so far (no upstream TLS yet)",
+                    t.url
+                ));
+            }
+            let authority = uri.authority().cloned().ok_or_else(|| format!("target `{}` has no host", t.url))?;
+            targets.push(Arc::new(Target {
+                url: t.url.trim_end_matches('/').to_string(),
+                scheme,
+                authority,
+                weight: t.weight.max(1),
+                upstream: spec.name.clone(),
+                active_healthy: AtomicBool::new(true),
+                consecutive_failures: AtomicU32::new(0),
+                ejected_until_ms: AtomicU64::new(0),
+                in_flight: AtomicUsize::new(0),
+            }));
+        }
+        let urls: Vec<&str> = targets.iter().map(|t| t.url.as_str()).collect();
+        let weights: Vec<u32> = targets.iter().map(|t| t.weight).collect();
+        let balancer = Balancer::new(spec, &urls, &weights)?;
+        let passive = spec.passive_health_check.as_ref().filter(|p| p.consecutive_failures > 0).map(|p| {
+            let ejection = if p.ejection_ms == 0 { DEFAULT_EJECTION } else { Duration::from_millis(p.ejection_ms) };
+            (p.consecutive_failures, ejection)
+        });
+        for t in &targets {
+            t.report_health();
+            t.report_in_flight(0);
+        }
+        let health_task = spec
+            .health_check
+            .as_ref()
+            .filter(|c| !c.path.is_empty())
+            .and_then(|check| health::spawn(spec.name.clone(), check.clone(), targets.clone(), spec.http2));
+        Ok(Arc::new(UpstreamPool {
+            name: spec.name.clone(),
+            spec: spec.clone(),
+            targets,
+            balancer,
+            clients: Mutex::new(HashMap::new()),
+            passive,
+            retry_budget: AtomicI64::new(BUDGET_INITIAL),
+            health_task,
+        }))
+    }
+
+    /// Whether to speak HTTP/2 (prior knowledge) to the targets.
+    pub fn http2(&self) -> bool {
+        self.spec.http2
+    }
+
+    pub fn targets(&self) -> &[Arc<Target>] {
+        &self.targets
+    }
+
+    /// Returns the pooled client for a connect timeout, creating it once.
+    /// Called at compile time, so the hot path never takes this lock.
+    pub fn client(&self, connect_timeout: Duration) -> UpstreamClient {
+        let mut clients = self.clients.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        clients.entry(connect_timeout).or_insert_with(|| build_client(connect_timeout, self.spec.http2)).clone()
+    }
+
+    /// Picks a target for a request; `None` when no target is available.
+    pub fn pick(&self, client_ip: Option<IpAddr>, headers: &http::HeaderMap) -> Option<Arc<Target>> {
+        let ctx = PickContext { client_ip, headers };
+        self.balancer.pick(&TargetList(&self.targets), &ctx).map(|i| self.targets[i].clone())
+    }
+
+    /// A request reached the target and got a non-gateway-error answer.
+    pub fn record_success(&self, target: &Target) {
+        if self.passive.is_some() {
+            target.consecutive_failures.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// A request to the target failed (connect error, timeout, 502/503/504):
+    /// eject it for a while once failures reach the threshold.
+    pub fn record_failure(&self, target: &Target) {
+        let Some((threshold, ejection)) = self.passive else { return };
+        let failures = target.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if failures >= threshold && target.ejected_until_ms.load(Ordering::Relaxed) == 0 {
+            let until = now_ms() + ejection.as_millis() as u64;
+            target.ejected_until_ms.store(until.max(1), Ordering::Relaxed);
+            tracing::warn!(upstream = %self.name, target = %target.url, failures, ?ejection, "target ejected");
+            target.report_health();
+        }
+    }
+
+    /// Every request deposits into the retry budget.
+    pub fn deposit_retry_budget(&self) {
+        let _ = self
+            .retry_budget
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| Some((b + BUDGET_DEPOSIT).min(BUDGET_MAX)));
+    }
+
+    /// Takes one retry out of the budget; false when the budget is spent.
+    pub fn withdraw_retry(&self) -> bool {
+        self.retry_budget
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| (b >= BUDGET_COST).then_some(b - BUDGET_COST))
+            .is_ok()
+    }
+}
+
+fn build_client(connect_timeout: Duration, http2: bool) -> UpstreamClient {
+    let mut connector = HttpConnector::new();
+    connector.set_connect_timeout(Some(connect_timeout));
+    connector.set_nodelay(true);
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+        .pool_timer(TokioTimer::new())
+        .timer(TokioTimer::new())
+        .http2_only(http2)
+        .build(connector)
+}
+
+/// Milliseconds since the first call; a monotonic clock that fits in an atomic.
+fn now_ms() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn spec(urls: &[&str]) -> v1::Upstream {
+        v1::Upstream {
+            name: "u".into(),
+            targets: urls.iter().map(|u| v1::Target { url: u.to_string(), weight: 0 }).collect(),
+            passive_health_check: Some(v1::PassiveHealthCheck { consecutive_failures: 2, ejection_ms: 50 }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn reuses_identical_pool_and_rebuilds_changed_one() {
+        let a = UpstreamPool::build(&spec(&["http://127.0.0.1:1"]), None).unwrap();
+        let same = UpstreamPool::build(&spec(&["http://127.0.0.1:1"]), Some(&a)).unwrap();
+        assert!(Arc::ptr_eq(&a, &same));
+        let changed = UpstreamPool::build(&spec(&["http://127.0.0.1:2"]), Some(&a)).unwrap();
+        assert!(!Arc::ptr_eq(&a, &changed));
+    }
+
+    #[test]
+    fn refuses_https_targets() {
+        let err = UpstreamPool::build(&spec(&["https://example.com"]), None).unwrap_err();
+        assert!(err.contains("only http://"), "{err}");
+    }
+
+    #[test]
+    fn passive_ejection_and_readmission() {
+        let pool = UpstreamPool::build(&spec(&["http://127.0.0.1:1", "http://127.0.0.1:2"]), None).unwrap();
+        let h = http::HeaderMap::new();
+        let t0 = pool.targets()[0].clone();
+        pool.record_failure(&t0);
+        assert!(t0.is_available());
+        pool.record_failure(&t0);
+        assert!(!t0.is_available());
+        assert!((0..10).all(|_| pool.pick(None, &h).is_some_and(|t| t.url.ends_with(":2"))));
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(t0.is_available());
+        // A success resets the failure count.
+        pool.record_failure(&t0);
+        pool.record_success(&t0);
+        pool.record_failure(&t0);
+        assert!(t0.is_available());
+    }
+
+    #[test]
+    fn retry_budget_runs_out_and_refills() {
+        let pool = UpstreamPool::build(&spec(&["http://127.0.0.1:1"]), None).unwrap();
+        let granted = (0..100).filter(|_| pool.withdraw_retry()).count();
+        assert_eq!(granted as i64, BUDGET_INITIAL / BUDGET_COST);
+        for _ in 0..5 {
+            pool.deposit_retry_budget();
+        }
+        assert!(pool.withdraw_retry());
+        assert!(!pool.withdraw_retry());
+    }
+}

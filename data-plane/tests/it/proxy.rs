@@ -1,0 +1,411 @@
+//! The proxy path in-process, over real sockets: a `TableStore` fed with
+//! hand-built snapshots, `proxy::serve` on 127.0.0.1:0, and tiny echo
+//! upstreams that can be killed and restarted on the same port.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use sluice_data_plane::proxy::{self, ProxyOptions};
+use sluice_data_plane::routing::{ApplyOutcome, TableStore};
+use sluice_proto::v1;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+use tokio::task::{JoinHandle, JoinSet};
+
+/// An echo server: answers every request with JSON naming itself and
+/// describing what it received. `/slow` waits, `/health` is a probe target,
+/// and `Connection: upgrade` switches to a raw byte echo.
+struct Upstream {
+    addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl Upstream {
+    async fn start(name: &'static str) -> Result<Self> {
+        Self::start_on(name, "127.0.0.1:0".parse()?).await
+    }
+
+    async fn start_on(name: &'static str, addr: SocketAddr) -> Result<Self> {
+        let listener = TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        // Connections live in the JoinSet owned by the server task, so aborting
+        // the task closes them too: a killed upstream really goes away.
+        let task = tokio::spawn(async move {
+            let mut connections = JoinSet::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                connections.spawn(async move {
+                    let service = service_fn(move |req| echo(name, req));
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .with_upgrades()
+                        .await;
+                });
+            }
+        });
+        Ok(Upstream { addr, task })
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn kill(&self) {
+        self.task.abort();
+    }
+}
+
+async fn echo(name: &'static str, mut req: http::Request<Incoming>) -> Result<http::Response<Full<Bytes>>, Infallible> {
+    if req.headers().contains_key(http::header::UPGRADE) {
+        let on_upgrade = hyper::upgrade::on(&mut req);
+        tokio::spawn(async move {
+            if let Ok(upgraded) = on_upgrade.await {
+                let (mut r, mut w) = tokio::io::split(TokioIo::new(upgraded));
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            }
+        });
+        let response = http::Response::builder()
+            .status(101)
+            .header("connection", "upgrade")
+            .header("upgrade", "echo")
+            .body(Full::new(Bytes::new()));
+        return Ok(response.unwrap_or_default());
+    }
+    if req.uri().path().ends_with("/slow") {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+    }
+    let headers: HashMap<String, String> = req
+        .headers()
+        .iter()
+        .map(|(k, v)| (k.to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+        .collect();
+    let body = json!({
+        "upstream": name,
+        "method": req.method().as_str(),
+        "path": req.uri().path_and_query().map(|p| p.as_str()).unwrap_or("/"),
+        "headers": headers,
+    });
+    Ok(http::Response::new(Full::new(Bytes::from(body.to_string()))))
+}
+
+struct Proxy {
+    addr: SocketAddr,
+    tables: Arc<TableStore>,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<std::io::Result<()>>,
+}
+
+impl Proxy {
+    async fn start(snapshot: &v1::Snapshot) -> Result<Self> {
+        let tables = Arc::new(TableStore::new());
+        tables.apply(snapshot)?;
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let options = ProxyOptions { access_log: false, ..ProxyOptions::default() };
+        let task = tokio::spawn(proxy::serve(listener, tables.clone(), options, async move {
+            let _ = stopped.await;
+        }));
+        Ok(Proxy { addr, tables, stop: Some(stop), task })
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    async fn shutdown(mut self) -> Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(5), self.task).await???;
+        Ok(())
+    }
+}
+
+fn upstream(name: &str, targets: &[&Upstream]) -> v1::Upstream {
+    v1::Upstream {
+        name: name.into(),
+        targets: targets.iter().map(|t| v1::Target { url: t.url(), weight: 1 }).collect(),
+        ..Default::default()
+    }
+}
+
+fn api(name: &str, prefix: &str, upstream: &str) -> v1::Api {
+    v1::Api { name: name.into(), path_prefix: prefix.into(), upstream: upstream.into(), ..Default::default() }
+}
+
+fn snapshot(version: u64, apis: Vec<v1::Api>, upstreams: Vec<v1::Upstream>) -> v1::Snapshot {
+    let mut s = v1::Snapshot { version, apis, upstreams, ..Default::default() };
+    sluice_proto::canonicalize(&mut s);
+    s.hash = sluice_proto::content_hash(&s);
+    s
+}
+
+fn client() -> Result<reqwest::Client> {
+    Ok(reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?)
+}
+
+/// Sends a request and returns (status, headers, JSON body).
+async fn send(req: reqwest::RequestBuilder) -> Result<(u16, reqwest::header::HeaderMap, Value)> {
+    let response = req.send().await?;
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let bytes = response.bytes().await?;
+    let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    Ok((status, headers, body))
+}
+
+#[tokio::test]
+async fn routes_by_host_path_and_method_with_problem_details() -> Result<()> {
+    let a = Upstream::start("a").await?;
+    let b = Upstream::start("b").await?;
+    let s = snapshot(
+        1,
+        vec![
+            v1::Api { strip_prefix: true, ..api("shop", "/shop", "ua") },
+            v1::Api { hosts: vec!["admin.example.com".into()], methods: vec!["GET".into()], ..api("admin", "/", "ub") },
+            v1::Api { hosts: vec!["*.wild.test".into()], preserve_host: true, ..api("wild", "/", "ub") },
+            v1::Api {
+                paths: vec!["/catalog/items/{id}".into()],
+                methods: vec!["GET".into(), "PUT".into()],
+                ..api("items", "/catalog", "ua")
+            },
+        ],
+        vec![upstream("ua", &[&a]), upstream("ub", &[&b])],
+    );
+    let proxy = Proxy::start(&s).await?;
+    let c = client()?;
+
+    let (status, _, body) = send(c.get(proxy.url("/shop/products?q=1")).header("x-forwarded-for", "1.2.3.4")).await?;
+    assert_eq!(status, 200);
+    assert_eq!(body["upstream"], "a");
+    assert_eq!(body["path"], "/products?q=1", "strip_prefix keeps the query");
+    assert_eq!(body["headers"]["x-forwarded-for"], "1.2.3.4, 127.0.0.1");
+    assert_eq!(body["headers"]["x-forwarded-proto"], "http");
+    assert_eq!(body["headers"]["x-forwarded-host"], proxy.addr.to_string());
+    assert_eq!(body["headers"]["host"], a.addr.to_string(), "Host is the target's without preserve_host");
+    assert!(body["headers"]["via"].as_str().unwrap_or("").contains("sluice"));
+
+    let (status, _, body) = send(c.get(proxy.url("/")).header("host", "admin.example.com")).await?;
+    assert_eq!((status, body["upstream"].as_str()), (200, Some("b")));
+
+    let (status, _, body) = send(c.get(proxy.url("/x")).header("host", "deep.down.wild.test:8080")).await?;
+    assert_eq!((status, body["upstream"].as_str()), (200, Some("b")));
+    assert_eq!(body["headers"]["host"], "deep.down.wild.test:8080", "preserve_host");
+
+    let (status, _, body) = send(c.get(proxy.url("/catalog/items/42"))).await?;
+    assert_eq!((status, body["upstream"].as_str(), body["path"].as_str()), (200, Some("a"), Some("/catalog/items/42")));
+
+    // Wrong method: 405 with Allow and a problem body.
+    for (req, allow) in [
+        (c.post(proxy.url("/")).header("host", "admin.example.com"), "GET"),
+        (c.delete(proxy.url("/catalog/items/42")), "GET, PUT"),
+    ] {
+        let (status, headers, body) = send(req).await?;
+        assert_eq!(status, 405);
+        assert_eq!(headers["allow"], allow);
+        assert_eq!(headers["content-type"], "application/problem+json");
+        assert_eq!(body["status"], 405);
+    }
+    // Unknown route: 404 problem.
+    for path in ["/nothing", "/catalog/other", "/shopping"] {
+        let (status, headers, body) = send(c.get(proxy.url(path))).await?;
+        assert_eq!(status, 404, "{path}");
+        assert_eq!(headers["content-type"], "application/problem+json");
+        assert_eq!(body["title"], "No route matches the request");
+    }
+    proxy.shutdown().await
+}
+
+#[tokio::test]
+async fn round_robin_spreads_and_health_checks_eject_and_readmit() -> Result<()> {
+    let a = Upstream::start("a").await?;
+    let b = Upstream::start("b").await?;
+    let c_up = Upstream::start("c").await?;
+    let mut pool = upstream("u", &[&a, &b, &c_up]);
+    pool.health_check = Some(v1::ActiveHealthCheck {
+        path: "/health".into(),
+        interval_ms: 100,
+        timeout_ms: 200,
+        healthy_threshold: 2,
+        unhealthy_threshold: 2,
+    });
+    let s = snapshot(1, vec![api("all", "/", "u")], vec![pool]);
+    let proxy = Proxy::start(&s).await?;
+    let c = client()?;
+
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    for _ in 0..30 {
+        let (status, _, body) = send(c.get(proxy.url("/rr"))).await?;
+        assert_eq!(status, 200);
+        *counts.entry(body["upstream"].as_str().unwrap_or("?").to_string()).or_default() += 1;
+    }
+    assert_eq!(counts, HashMap::from([("a".into(), 10), ("b".into(), 10), ("c".into(), 10)]));
+
+    // Kill c: the checks eject it, after which every request succeeds on a or b.
+    let c_addr = c_up.addr;
+    c_up.kill();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut clean_streak = 0;
+    while clean_streak < 12 {
+        if Instant::now() > deadline {
+            bail!("c was not ejected in time");
+        }
+        let (status, _, body) = send(c.get(proxy.url("/rr"))).await?;
+        if status == 200 && body["upstream"] != "c" {
+            clean_streak += 1;
+        } else {
+            clean_streak = 0;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    // Bring c back on the same port: the checks re-admit it.
+    let _c_again = Upstream::start_on("c", c_addr).await?;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (status, _, body) = send(c.get(proxy.url("/rr"))).await?;
+        assert_eq!(status, 200);
+        if body["upstream"] == "c" {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("c was not re-admitted in time");
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    proxy.shutdown().await
+}
+
+#[tokio::test]
+async fn upstream_failures_map_to_502_503_504_quickly() -> Result<()> {
+    let slow = Upstream::start("slow").await?;
+    // A port with nothing listening: bind, note the address, close.
+    let closed = TcpListener::bind("127.0.0.1:0").await?.local_addr()?;
+    let dead = v1::Upstream {
+        name: "dead".into(),
+        targets: vec![v1::Target { url: format!("http://{closed}"), weight: 1 }],
+        passive_health_check: Some(v1::PassiveHealthCheck { consecutive_failures: 1, ejection_ms: 10_000 }),
+        ..Default::default()
+    };
+    let s = snapshot(
+        1,
+        vec![api("dead", "/dead", "dead"), v1::Api { request_timeout_ms: 200, ..api("slow", "/slow-api", "slow") }],
+        vec![dead, upstream("slow", &[&slow])],
+    );
+    let proxy = Proxy::start(&s).await?;
+    let c = client()?;
+
+    let started = Instant::now();
+    let (status, headers, body) = send(c.get(proxy.url("/dead/x"))).await?;
+    assert_eq!(status, 502);
+    assert_eq!(headers["content-type"], "application/problem+json");
+    assert!(body["request_id"].is_string());
+    assert!(!body.to_string().contains(&closed.to_string()), "no internals in the body: {body}");
+    // Passive ejection after one failure: now nothing is healthy.
+    let (status, _, _) = send(c.get(proxy.url("/dead/x"))).await?;
+    assert_eq!(status, 503);
+    assert!(started.elapsed() < Duration::from_secs(2), "failures must be quick: {:?}", started.elapsed());
+
+    let (status, _, body) = send(c.get(proxy.url("/slow-api/slow"))).await?;
+    assert_eq!((status, body["status"].as_u64()), (504, Some(504)));
+    proxy.shutdown().await
+}
+
+#[tokio::test]
+async fn snapshot_swaps_under_load_drop_nothing_and_in_flight_finishes_on_old_table() -> Result<()> {
+    let a = Upstream::start("a").await?;
+    let b = Upstream::start("b").await?;
+    let build = |version: u64, with_old: bool| {
+        let mut apis = vec![v1::Api { retries: (version % 3) as u32, ..api("main", "/main", "u") }];
+        if with_old {
+            apis.push(api("old", "/old", "u"));
+        }
+        snapshot(version, apis, vec![upstream("u", &[&a, &b])])
+    };
+    let proxy = Proxy::start(&build(1, true)).await?;
+    let c = client()?;
+
+    // A slow request starts on table 1; the API it uses is removed meanwhile.
+    let slow = tokio::spawn(send(c.get(proxy.url("/old/slow"))));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let mut load = JoinSet::new();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    for _ in 0..4 {
+        let (c, url, stop_rx) = (c.clone(), proxy.url("/main/ping"), stop_rx.clone());
+        load.spawn(async move {
+            let mut sent = 0usize;
+            while !*stop_rx.borrow() {
+                let response = c.get(&url).send().await.context("request failed")?;
+                if response.status() != 200 {
+                    bail!("status {} during swaps", response.status());
+                }
+                sent += 1;
+            }
+            Ok::<_, anyhow::Error>(sent)
+        });
+    }
+    for version in 2..=101 {
+        let outcome = proxy.tables.apply(&build(version, false))?;
+        assert!(matches!(outcome, ApplyOutcome::Swapped { .. }), "v{version}: {outcome:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let _ = stop_tx.send(true);
+    let mut total = 0;
+    while let Some(result) = load.join_next().await {
+        total += result??;
+    }
+    assert!(total > 50, "too little load: {total}");
+
+    let (status, _, body) = slow.await??;
+    assert_eq!((status, body["path"].as_str()), (200, Some("/old/slow")), "in-flight request finished on table 1");
+    let (status, _, _) = send(c.get(proxy.url("/old/x"))).await?;
+    assert_eq!(status, 404, "the new table no longer routes /old");
+    proxy.shutdown().await
+}
+
+#[tokio::test]
+async fn upgrade_is_tunnelled_and_shutdown_is_graceful() -> Result<()> {
+    let a = Upstream::start("a").await?;
+    let proxy = Proxy::start(&snapshot(1, vec![api("ws", "/", "u")], vec![upstream("u", &[&a])])).await?;
+
+    let mut stream = TcpStream::connect(proxy.addr).await?;
+    stream.write_all(b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n").await?;
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if stream.read(&mut byte).await? == 0 {
+            bail!("connection closed during the handshake: {}", String::from_utf8_lossy(&head));
+        }
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).to_lowercase();
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    assert!(head.contains("upgrade: echo"), "{head}");
+    stream.write_all(b"ping through the tunnel").await?;
+    let mut echoed = [0u8; 23];
+    tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut echoed)).await??;
+    assert_eq!(&echoed, b"ping through the tunnel");
+
+    // A slow request in flight when shutdown starts still completes.
+    let c = client()?;
+    let slow = tokio::spawn(send(c.get(proxy.url("/slow"))));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let addr = proxy.addr;
+    proxy.shutdown().await?;
+    let (status, _, _) = slow.await??;
+    assert_eq!(status, 200);
+    assert!(TcpStream::connect(addr).await.is_err(), "listener closed after shutdown");
+    Ok(())
+}
