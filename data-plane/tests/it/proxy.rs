@@ -196,6 +196,14 @@ async fn routes_by_host_path_and_method_with_problem_details() -> Result<()> {
     assert_eq!(body["headers"]["host"], a.addr.to_string(), "Host is the target's without preserve_host");
     assert!(body["headers"]["via"].as_str().unwrap_or("").contains("sluice"));
 
+    // h2c with prior knowledge reaches the same route, forwarded as HTTP/1.1.
+    let h2 = reqwest::Client::builder().http2_prior_knowledge().build()?;
+    let response = h2.get(proxy.url("/shop/h2")).send().await?;
+    assert_eq!(response.version(), reqwest::Version::HTTP_2);
+    let body: Value = response.json().await?;
+    assert_eq!((body["upstream"].as_str(), body["path"].as_str()), (Some("a"), Some("/h2")));
+    assert_eq!(body["headers"]["via"], "2 sluice");
+
     let (status, _, body) = send(c.get(proxy.url("/")).header("host", "admin.example.com")).await?;
     assert_eq!((status, body["upstream"].as_str()), (200, Some("b")));
 
