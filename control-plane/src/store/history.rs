@@ -1,0 +1,107 @@
+//! Reading the snapshot history the write path recorded: what the sync server
+//! pushes (`latest_snapshot`), and what `/v1/snapshots` lists, shows and rolls
+//! back to.
+
+use prost::Message;
+use serde::Serialize;
+use sluice_proto::v1;
+use sqlx::{AnyConnection, Row};
+use utoipa::ToSchema;
+
+use super::{Store, StoreError};
+use crate::model::Config;
+
+/// One line of the snapshot history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct SnapshotSummary {
+    pub version: u64,
+    /// Hex SHA-256 of the snapshot's content.
+    pub hash: String,
+    /// Unix milliseconds.
+    pub created_at: i64,
+    /// Size of the encoded snapshot pushed to data planes.
+    pub size_bytes: u64,
+    /// What made this version (e.g. `PUT /v1/apis/shop`).
+    pub note: String,
+}
+
+impl Store {
+    /// The newest snapshot.
+    pub async fn latest_snapshot(&self) -> Result<v1::Snapshot, StoreError> {
+        let row = sqlx::query("SELECT version, snapshot FROM snapshots ORDER BY version DESC LIMIT 1")
+            .fetch_optional(&self.inner.pool)
+            .await?
+            .ok_or(StoreError::NoSnapshot)?;
+        decode_snapshot(&row)
+    }
+
+    pub async fn snapshot(&self, version: u64) -> Result<Option<v1::Snapshot>, StoreError> {
+        let Ok(version) = i64::try_from(version) else { return Ok(None) };
+        let row = sqlx::query("SELECT version, snapshot FROM snapshots WHERE version = $1")
+            .bind(version)
+            .fetch_optional(&self.inner.pool)
+            .await?;
+        row.as_ref().map(decode_snapshot).transpose()
+    }
+
+    /// The configuration as it was committed at `version` (for rollback and diff).
+    pub async fn snapshot_config(&self, version: u64) -> Result<Option<Config>, StoreError> {
+        let Ok(version) = i64::try_from(version) else { return Ok(None) };
+        let row = sqlx::query("SELECT config FROM snapshots WHERE version = $1")
+            .bind(version)
+            .fetch_optional(&self.inner.pool)
+            .await?;
+        let Some(row) = row else { return Ok(None) };
+        let json: String = row.try_get("config")?;
+        serde_json::from_str(&json)
+            .map(Some)
+            .map_err(|e| StoreError::CorruptSnapshot { version, reason: format!("config: {e}") })
+    }
+
+    /// Snapshot history, newest first, versions below `before` (all when `None`).
+    pub async fn list_snapshots(&self, before: Option<u64>, limit: u32) -> Result<Vec<SnapshotSummary>, StoreError> {
+        let before = before.map_or(i64::MAX, |b| i64::try_from(b).unwrap_or(i64::MAX));
+        let rows = sqlx::query(
+            "SELECT version, hash, created_at, size_bytes, note FROM snapshots \
+             WHERE version < $1 ORDER BY version DESC LIMIT $2",
+        )
+        .bind(before)
+        .bind(i64::from(limit))
+        .fetch_all(&self.inner.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let version: i64 = row.try_get("version")?;
+                let corrupt = |reason: &str| StoreError::CorruptSnapshot { version, reason: reason.into() };
+                Ok(SnapshotSummary {
+                    version: u64::try_from(version).map_err(|_| corrupt("negative version"))?,
+                    hash: row.try_get("hash")?,
+                    created_at: row.try_get("created_at")?,
+                    size_bytes: u64::try_from(row.try_get::<i64, _>("size_bytes")?)
+                        .map_err(|_| corrupt("negative size"))?,
+                    note: row.try_get("note")?,
+                })
+            })
+            .collect()
+    }
+}
+
+/// `(version, hash)` of the newest snapshot.
+pub(super) async fn latest_head(conn: &mut AnyConnection) -> Result<Option<(u64, String)>, StoreError> {
+    let row = sqlx::query("SELECT version, hash FROM snapshots ORDER BY version DESC LIMIT 1")
+        .fetch_optional(&mut *conn)
+        .await?;
+    let Some(row) = row else { return Ok(None) };
+    let version: i64 = row.try_get("version")?;
+    let hash: String = row.try_get("hash")?;
+    let version = u64::try_from(version)
+        .map_err(|_| StoreError::CorruptSnapshot { version, reason: "negative version".into() })?;
+    Ok(Some((version, hash)))
+}
+
+fn decode_snapshot(row: &sqlx::any::AnyRow) -> Result<v1::Snapshot, StoreError> {
+    let version: i64 = row.try_get("version")?;
+    let bytes: Vec<u8> = row.try_get("snapshot")?;
+    v1::Snapshot::decode(bytes.as_slice())
+        .map_err(|e| StoreError::CorruptSnapshot { version, reason: format!("snapshot: {e}") })
+}
