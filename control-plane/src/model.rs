@@ -1,0 +1,364 @@
+//! The declarative configuration model: what `PUT /v1/config`, each admin
+//! resource endpoint and `sluice apply -f` take and return. Field names match
+//! DESIGN.md's example config. Secrets come in through write-only fields
+//! (`password`, `key`, `secret`) and are replaced by hashes or sealed
+//! (encrypted) values before anything is stored, so nothing read back from the
+//! store or the API ever holds a secret in the clear.
+//!
+//! `build_snapshot` (in `snapshot.rs`) turns a stored `Config` into the wire
+//! `Snapshot`.
+
+mod duration;
+mod policy;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+pub use duration::HumanDuration;
+pub use policy::{
+    ApiKeyPolicy, BasicAuthPolicy, CorsPolicy, HeaderRules, HeadersPolicy, IpRestrictionPolicy, JwtPolicy, Policy,
+    RateLimitKey, RateLimitPolicy, RequestSizeLimitPolicy,
+};
+
+/// The whole gateway configuration.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub upstreams: Vec<Upstream>,
+    #[serde(default)]
+    pub specs: Vec<Spec>,
+    #[serde(default)]
+    pub consumers: Vec<Consumer>,
+    #[serde(default)]
+    pub certificates: Vec<Certificate>,
+    #[serde(default)]
+    pub apis: Vec<Api>,
+}
+
+/// An API: which requests it claims, what runs on them, where they go.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Api {
+    #[schema(example = "shop")]
+    pub name: String,
+    /// Exact or `*.`-wildcard host names; empty matches every host.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<String>,
+    #[serde(default = "default_path_prefix")]
+    #[schema(example = "/shop/v2")]
+    pub path_prefix: String,
+    /// Exact paths or templates (`/products/{id}`) under the prefix; empty claims the whole prefix.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<String>,
+    /// HTTP methods (upper case); empty matches every method.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub methods: Vec<String>,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub strip_prefix: bool,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub preserve_host: bool,
+    /// Name of the upstream requests are forwarded to.
+    #[schema(example = "shop-backend")]
+    pub upstream: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub openapi: Option<OpenApiBinding>,
+    /// Policies, run in this order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub policies: Vec<Policy>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, example = "5s")]
+    pub connect_timeout: Option<HumanDuration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, example = "60s")]
+    pub request_timeout: Option<HumanDuration>,
+    /// Retries of idempotent requests when connecting to a target fails.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(maximum = 10)]
+    pub retries: Option<u32>,
+}
+
+/// Binds an API to an OpenAPI spec for request (and optionally response) validation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OpenApiBinding {
+    pub spec: String,
+    #[serde(default = "yes")]
+    pub validate_requests: bool,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub validate_responses: bool,
+}
+
+/// A named pool of targets with its balancing, health checks and TLS settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Upstream {
+    #[schema(example = "shop-backend")]
+    pub name: String,
+    pub targets: Vec<Target>,
+    #[serde(default)]
+    pub balance: Balance,
+    /// What consistent hashing hashes on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hash_on: Option<HashOn>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_check: Option<HealthCheck>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passive_health_check: Option<PassiveHealthCheck>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<UpstreamTls>,
+    /// Speak HTTP/2 to the targets.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub http2: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Target {
+    #[schema(example = "http://127.0.0.1:9001")]
+    pub url: String,
+    #[serde(default = "one")]
+    #[schema(minimum = 0, maximum = 10000)]
+    pub weight: u32,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Balance {
+    #[default]
+    RoundRobin,
+    WeightedRoundRobin,
+    LeastConnections,
+    RandomTwoChoices,
+    ConsistentHash,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HashOn {
+    pub source: HashSource,
+    /// Header or cookie name.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum HashSource {
+    ClientIp,
+    Header,
+    Cookie,
+}
+
+/// Active health checks: the data plane probes each target.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HealthCheck {
+    #[schema(example = "/health")]
+    pub path: String,
+    #[serde(default = "five_seconds")]
+    #[schema(value_type = String, example = "5s")]
+    pub interval: HumanDuration,
+    #[serde(default = "one_second")]
+    #[schema(value_type = String, example = "1s")]
+    pub timeout: HumanDuration,
+    #[serde(default = "two")]
+    pub healthy_threshold: u32,
+    #[serde(default = "three")]
+    pub unhealthy_threshold: u32,
+}
+
+/// Passive ejection: a target failing this many requests in a row is taken out for a while.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PassiveHealthCheck {
+    pub consecutive_failures: u32,
+    #[serde(default = "thirty_seconds")]
+    #[schema(value_type = String, example = "30s")]
+    pub ejection: HumanDuration,
+}
+
+/// TLS to the upstream's https:// targets.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamTls {
+    /// PEM CA bundle; absent: the system roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_bundle: Option<String>,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub insecure_skip_verify: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sni: Option<String>,
+    /// Name of a certificate presented to the upstream (mTLS).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_certificate: Option<String>,
+}
+
+/// A consumer (user) and its credentials. Credentials are write-only: what is
+/// read back holds only their hashes or sealed values.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Consumer {
+    #[schema(example = "loadtest")]
+    pub username: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub basic_auth: Option<BasicAuthCredential>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub api_keys: Vec<ApiKeyCredential>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub jwt: Vec<JwtCredential>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BasicAuthCredential {
+    /// Write-only; stored as an Argon2id hash.
+    #[serde(default, skip_serializing)]
+    #[schema(write_only)]
+    pub password: Option<String>,
+    /// Argon2id PHC string of the password, as exported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_hash: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKeyCredential {
+    /// Write-only; stored as a keyed digest.
+    #[serde(default, skip_serializing)]
+    #[schema(write_only)]
+    pub key: Option<String>,
+    /// Hex HMAC-SHA256 of the key, as exported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_digest: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JwtCredential {
+    /// Matched against the token's `kid` header or its `iss` claim.
+    pub key: String,
+    #[schema(example = "HS256")]
+    pub algorithm: String,
+    /// HMAC secret for HS* algorithms. Write-only; stored encrypted.
+    #[serde(default, skip_serializing)]
+    #[schema(write_only)]
+    pub secret: Option<String>,
+    /// The HMAC secret encrypted with the control plane's secret key, as exported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_sealed: Option<String>,
+    /// PEM public key for RS*, PS*, ES* and EdDSA.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_key: Option<String>,
+}
+
+/// An OpenAPI 3.0 or 3.1 document.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Spec {
+    #[schema(example = "fruitshop")]
+    pub name: String,
+    /// The document, YAML or JSON.
+    pub content: String,
+    /// Read-only: the document's `openapi` version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(read_only)]
+    pub openapi_version: Option<String>,
+    /// Read-only: the document's `info.title`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(read_only)]
+    pub title: Option<String>,
+}
+
+/// A TLS certificate chain and its private key, uploaded as PEM or PKCS#12.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Certificate {
+    #[schema(example = "api-example-com")]
+    pub name: String,
+    /// PEM chain, leaf first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chain: Option<String>,
+    /// PEM private key. Write-only; stored encrypted.
+    #[serde(default, skip_serializing)]
+    #[schema(write_only)]
+    pub key: Option<String>,
+    /// Base64 PKCS#12 keystore holding chain and key. Write-only; converted to PEM.
+    #[serde(default, skip_serializing)]
+    #[schema(write_only)]
+    pub pkcs12: Option<String>,
+    /// Password of the PKCS#12 keystore. Write-only.
+    #[serde(default, skip_serializing)]
+    #[schema(write_only)]
+    pub password: Option<String>,
+    /// The private key encrypted with the control plane's secret key, as exported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_sealed: Option<String>,
+    /// SNI names served; absent: the certificate's DNS names.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub snis: Vec<String>,
+    /// Served when no SNI name matches.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub default: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(read_only)]
+    pub subject: Option<String>,
+    /// Read-only: RFC 3339 end of validity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(read_only)]
+    pub not_after: Option<String>,
+}
+
+/// The kinds of resource, in dependency order: a kind may refer only to kinds before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    Certificate,
+    Upstream,
+    Spec,
+    Consumer,
+    Api,
+}
+
+impl Kind {
+    /// The collection name used in URLs, config documents and violation paths.
+    pub fn collection(self) -> &'static str {
+        match self {
+            Kind::Certificate => "certificates",
+            Kind::Upstream => "upstreams",
+            Kind::Spec => "specs",
+            Kind::Consumer => "consumers",
+            Kind::Api => "apis",
+        }
+    }
+
+    pub const ALL: [Kind; 5] = [Kind::Certificate, Kind::Upstream, Kind::Spec, Kind::Consumer, Kind::Api];
+}
+
+fn default_path_prefix() -> String {
+    "/".into()
+}
+fn is_false(value: &bool) -> bool {
+    !*value
+}
+fn yes() -> bool {
+    true
+}
+fn one() -> u32 {
+    1
+}
+fn two() -> u32 {
+    2
+}
+fn three() -> u32 {
+    3
+}
+fn one_second() -> HumanDuration {
+    HumanDuration::from_secs(1)
+}
+fn five_seconds() -> HumanDuration {
+    HumanDuration::from_secs(5)
+}
+fn thirty_seconds() -> HumanDuration {
+    HumanDuration::from_secs(30)
+}
