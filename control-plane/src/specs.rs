@@ -302,6 +302,7 @@ fn server_base_path(server: &Value) -> Option<String> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 
@@ -369,7 +370,8 @@ mod tests {
     #[test]
     fn bad_specs_are_rejected_with_a_reason() {
         const OK_INFO: &str = "info: {title: T, version: '1'}\n";
-        let cases: Vec<(&str, String, fn(&SpecError) -> bool, &str)> = vec![
+        type Case = (&'static str, String, fn(&SpecError) -> bool, &'static str);
+        let cases: Vec<Case> = vec![
             ("not yaml", "openapi: [3.0.3\n".into(), |e| matches!(e, SpecError::Syntax { line: Some(_), .. }), "line"),
             ("scalar document", "just a string".into(), |e| matches!(e, SpecError::NotAMapping { .. }), "mapping"),
             ("swagger 2.0", format!("swagger: '2.0'\n{OK_INFO}paths: {{}}\n"), |e| *e == SpecError::Swagger2, "2.0"),
