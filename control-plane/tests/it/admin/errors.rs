@@ -1,0 +1,127 @@
+//! Error shapes: 401 without the token, every bad field listed with its pointer, unknown fields, malformed and
+//! unsupported bodies, 404/405 for unknown routes and methods, and 422 with nothing committed.
+
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use super::support::{Server, both, reply};
+
+both!(auth_is_required_and_probes_are_open, auth_is_required_and_probes_are_open);
+both!(bad_bodies_list_every_field, bad_bodies_list_every_field);
+both!(invalid_changes_are_422_and_commit_nothing, invalid_changes_are_422_and_commit_nothing);
+
+async fn auth_is_required_and_probes_are_open(server: &Server) {
+    for path in ["/healthz", "/readyz", "/openapi.json"] {
+        let open = reply(server.http.get(format!("{}{path}", server.base))).await;
+        assert_eq!(open.status.as_u16(), 200, "{path} needs no token");
+    }
+    let ready = reply(server.http.get(format!("{}/readyz", server.base))).await.json();
+    assert_eq!(ready["status"], "ready");
+
+    for request in [
+        server.http.get(format!("{}/v1/apis", server.base)),
+        server.http.get(format!("{}/v1/config", server.base)).bearer_auth("wrong-token"),
+        server.http.post(format!("{}/v1/upstreams", server.base)).header("authorization", "Basic dXNlcjpwYXNz"),
+        // Unknown routes too: without the token nothing tells what exists.
+        server.http.get(format!("{}/v1/nothing-here", server.base)),
+    ] {
+        let denied = reply(request).await;
+        denied.problem(401, "unauthorized");
+        assert_eq!(denied.header("www-authenticate"), Some("Bearer"));
+    }
+
+    let unknown = server.get("/v1/nothing-here").await.problem(404, "not-found");
+    assert!(unknown["detail"].as_str().is_some_and(|d| d.contains("/v1/nothing-here")), "{unknown}");
+    let wrong_method = server.call(Method::DELETE, "/v1/apis", None).await;
+    wrong_method.problem(405, "method-not-allowed");
+    assert!(wrong_method.header("allow").is_some_and(|allow| allow.contains("GET") && allow.contains("POST")));
+}
+
+pub(super) fn pointers(problem: &Value) -> Vec<String> {
+    let mut pointers: Vec<String> = problem["errors"]
+        .as_array()
+        .map(|errors| errors.iter().filter_map(|e| e["pointer"].as_str().map(str::to_string)).collect())
+        .unwrap_or_default();
+    pointers.sort();
+    pointers
+}
+
+async fn bad_bodies_list_every_field(server: &Server) {
+    // Three bad fields and an unknown one: all four are reported, each at its own pointer.
+    let bad = json!({
+        "name": "backend",
+        "targets": [{ "url": 5, "weight": "heavy" }],
+        "balance": "sideways",
+        "colour": "blue",
+    });
+    let problem = server.post("/v1/upstreams", &bad).await.problem(400, "invalid-body");
+    assert_eq!(pointers(&problem), ["/balance", "/colour", "/targets/0/url", "/targets/0/weight"], "{problem}");
+    let errors = problem["errors"].as_array().cloned().unwrap_or_default();
+    assert!(errors.iter().all(|e| e["detail"].as_str().is_some_and(|d| !d.is_empty())), "{problem}");
+    assert!(!problem.to_string().contains("heavy"), "values are not echoed: {problem}");
+
+    // Missing required fields, nested unknown fields and type errors inside optional objects and policies.
+    let api = json!({
+        "name": "shop",
+        "policies": [{ "rate_limit": { "requests": "lots", "per": "1m" } }],
+        "openapi": { "spec": "fruitshop", "strict": true },
+    });
+    let problem = server.post("/v1/apis", &api).await.problem(400, "invalid-body");
+    assert_eq!(pointers(&problem), ["/openapi/strict", "/policies/0/rate_limit/requests", "/upstream"], "{problem}");
+
+    // Whole-config imports list problems across resources.
+    let config = json!({
+        "upstreams": [{ "name": "a", "targets": "none" }],
+        "consumers": [{ "username": "bob", "basic_auth": { "passwd": "x" } }],
+        "extras": [],
+    });
+    let problem = server.put("/v1/config", &config).await.problem(400, "invalid-body");
+    assert_eq!(pointers(&problem), ["/consumers/0/basic_auth/passwd", "/extras", "/upstreams/0/targets"], "{problem}");
+
+    // Not JSON at all; empty; a YAML document sent as YAML is fine but broken YAML is not.
+    let malformed = server.raw(Method::POST, "/v1/upstreams", "application/json", "{\"name\": ").await;
+    malformed.problem(400, "malformed-body");
+    server.raw(Method::POST, "/v1/upstreams", "application/json", "").await.problem(400, "malformed-body");
+    let yaml = "name: from-yaml\ntargets:\n  - url: http://127.0.0.1:9001\n";
+    server.raw(Method::POST, "/v1/upstreams", "application/yaml", yaml).await.expect(201);
+    server
+        .raw(Method::POST, "/v1/upstreams", "application/yaml", "name: [unclosed")
+        .await
+        .problem(400, "malformed-body");
+
+    let unsupported = server.raw(Method::POST, "/v1/upstreams", "text/plain", "name=backend").await;
+    unsupported.problem(415, "unsupported-media-type");
+    server
+        .raw(Method::PUT, "/v1/config", "application/x-www-form-urlencoded", "a=b")
+        .await
+        .problem(415, "unsupported-media-type");
+}
+
+async fn invalid_changes_are_422_and_commit_nothing(server: &Server) {
+    let before = server.version().await;
+
+    let broken = json!({ "name": "shop", "upstream": "missing" });
+    let problem = server.post("/v1/apis", &broken).await.problem(422, "invalid-config");
+    let pointers = pointers(&problem);
+    assert!(pointers.iter().any(|p| p == "/apis/shop/upstream"), "{problem}");
+    assert_eq!(server.version().await, before, "nothing committed");
+    server.get("/v1/apis/shop").await.problem(404, "not-found");
+
+    // Values only the snapshot validation knows are wrong: bad target URL and an invalid name.
+    let problem = server
+        .post("/v1/upstreams", &json!({ "name": "bad name!", "targets": [{ "url": "not a url" }] }))
+        .await
+        .problem(422, "invalid-config");
+    assert!(super::errors::pointers(&problem).iter().any(|p| p.ends_with("/name")), "{problem}");
+
+    // A PATCH that breaks a reference is refused the same way.
+    server
+        .post("/v1/upstreams", &json!({ "name": "backend", "targets": [{ "url": "http://127.0.0.1:1" }] }))
+        .await
+        .expect(201);
+    server.post("/v1/apis", &json!({ "name": "shop", "upstream": "backend" })).await.expect(201);
+    let committed = server.version().await;
+    server.patch("/v1/apis/shop", &json!({ "upstream": "gone" })).await.problem(422, "invalid-config");
+    assert_eq!(server.version().await, committed);
+    assert_eq!(server.get("/v1/apis/shop").await.expect(200)["upstream"], "backend");
+}

@@ -1,0 +1,253 @@
+//! Test harness for the admin API: a real `Store` (a temp SQLite file, or a fresh PostgreSQL database per test),
+//! the router served by `axum::serve` on 127.0.0.1:0, and a reqwest client talking to it over a socket.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use reqwest::header::{CONTENT_TYPE, HeaderMap};
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+use sluice_control_plane::admin::{AdminState, router};
+use sluice_control_plane::secrets::SecretBox;
+use sluice_control_plane::store::Store;
+use sqlx::Connection;
+
+pub const TOKEN: &str = "test-admin-token-0123456789";
+
+/// Runs one scenario on SQLite and on PostgreSQL: `both!(name, scenario)` makes `name::sqlite` and
+/// `name::postgres`. The PostgreSQL variant needs `SLUICE_TEST_DATABASE_URL`; without it the test says so and
+/// passes, except under `CI=true`, where a missing database is a failure.
+macro_rules! both {
+    ($name:ident, $scenario:ident) => {
+        mod $name {
+            #[tokio::test]
+            async fn sqlite() {
+                let server = $crate::admin::support::Server::sqlite().await;
+                super::$scenario(&server).await;
+                server.finish().await;
+            }
+
+            #[tokio::test]
+            async fn postgres() {
+                let Some(server) = $crate::admin::support::Server::postgres().await else { return };
+                super::$scenario(&server).await;
+                server.finish().await;
+            }
+        }
+    };
+}
+pub(crate) use both;
+
+pub struct Server {
+    pub base: String,
+    pub http: reqwest::Client,
+    pub store: Store,
+    serve: tokio::task::JoinHandle<()>,
+    _dir: Option<tempfile::TempDir>,
+    postgres: Option<(String, String)>,
+}
+
+/// A response read to the end.
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub text: String,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.text).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text))
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// Asserts a problem-details answer with this status and problem type slug; returns the body.
+    pub fn problem(&self, status: u16, slug: &str) -> Value {
+        assert_eq!(self.status.as_u16(), status, "unexpected status; body: {}", self.text);
+        assert_eq!(self.header("content-type"), Some("application/problem+json"), "body: {}", self.text);
+        let body = self.json();
+        assert_eq!(body["type"], format!("https://sluice.dev/problems/{slug}"), "body: {body}");
+        assert_eq!(body["status"], status, "body: {body}");
+        body
+    }
+
+    pub fn expect(&self, status: u16) -> Value {
+        assert_eq!(self.status.as_u16(), status, "unexpected status; body: {}", self.text);
+        if self.text.is_empty() { Value::Null } else { self.json() }
+    }
+}
+
+fn secrets() -> SecretBox {
+    SecretBox::from_key_material(&"42".repeat(32)).unwrap_or_else(|e| panic!("secret key: {e}"))
+}
+
+impl Server {
+    pub async fn sqlite() -> Server {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
+        let url = format!("sqlite://{}", dir.path().join("sluice.db").display());
+        let store = Store::open(&url, secrets()).await.unwrap_or_else(|e| panic!("open {url}: {e}"));
+        Self::start(store, Some(dir), None).await
+    }
+
+    pub async fn postgres() -> Option<Server> {
+        let Ok(admin_url) = std::env::var("SLUICE_TEST_DATABASE_URL") else {
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                panic!("CI=true but SLUICE_TEST_DATABASE_URL is not set: the PostgreSQL tests must run in CI");
+            }
+            eprintln!(
+                "skipping the PostgreSQL variant: set SLUICE_TEST_DATABASE_URL (e.g. postgres://postgres@127.0.0.1:5432/test)"
+            );
+            return None;
+        };
+        let database = format!("sluice_admin_{}", uuid::Uuid::new_v4().simple());
+        let mut conn = sqlx::PgConnection::connect(&admin_url)
+            .await
+            .unwrap_or_else(|e| panic!("connect to SLUICE_TEST_DATABASE_URL: {e}"));
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {database}")))
+            .execute(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("create database: {e}"));
+        let _ = conn.close().await;
+        let url = with_database(&admin_url, &database);
+        let store = Store::open(&url, secrets()).await.unwrap_or_else(|e| panic!("open postgres store: {e}"));
+        Some(Self::start(store, None, Some((admin_url, database))).await)
+    }
+
+    async fn start(store: Store, dir: Option<tempfile::TempDir>, postgres: Option<(String, String)>) -> Server {
+        let app = router(AdminState {
+            store: store.clone(),
+            admin_token: Arc::from(TOKEN),
+            stale_after: Duration::from_secs(30),
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap_or_else(|e| panic!("bind: {e}"));
+        let addr = listener.local_addr().unwrap_or_else(|e| panic!("local addr: {e}"));
+        let serve = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .unwrap_or_else(|e| panic!("client: {e}"));
+        Server { base: format!("http://{addr}"), http, store, serve, _dir: dir, postgres }
+    }
+
+    /// Stops the server and drops a PostgreSQL test database.
+    pub async fn finish(self) {
+        self.serve.abort();
+        self.store.close().await;
+        if let Some((admin_url, database)) = &self.postgres
+            && let Ok(mut conn) = sqlx::PgConnection::connect(admin_url).await
+        {
+            let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)")))
+                .execute(&mut conn)
+                .await;
+        }
+    }
+
+    /// An authenticated request with an optional JSON body.
+    pub async fn call(&self, method: Method, path: &str, body: Option<&Value>) -> Reply {
+        let mut request = self.http.request(method, format!("{}{path}", self.base)).bearer_auth(TOKEN);
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        reply(request).await
+    }
+
+    /// An authenticated request with a raw body and content type.
+    pub async fn raw(&self, method: Method, path: &str, content_type: &str, body: impl Into<reqwest::Body>) -> Reply {
+        let request = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(TOKEN)
+            .header(CONTENT_TYPE, content_type)
+            .body(body);
+        reply(request).await
+    }
+
+    pub async fn get(&self, path: &str) -> Reply {
+        self.call(Method::GET, path, None).await
+    }
+    pub async fn post(&self, path: &str, body: &Value) -> Reply {
+        self.call(Method::POST, path, Some(body)).await
+    }
+    pub async fn put(&self, path: &str, body: &Value) -> Reply {
+        self.call(Method::PUT, path, Some(body)).await
+    }
+    pub async fn patch(&self, path: &str, body: &Value) -> Reply {
+        self.raw(Method::PATCH, path, "application/merge-patch+json", body.to_string()).await
+    }
+    pub async fn delete(&self, path: &str) -> Reply {
+        self.call(Method::DELETE, path, None).await
+    }
+
+    /// The latest committed configuration version, from the snapshot history.
+    pub async fn version(&self) -> u64 {
+        let page = self.get("/v1/snapshots?limit=1").await.expect(200);
+        page["items"][0]["version"].as_u64().unwrap_or_else(|| panic!("no version in {page}"))
+    }
+}
+
+pub async fn reply(request: reqwest::RequestBuilder) -> Reply {
+    let response = request.send().await.unwrap_or_else(|e| panic!("request failed: {e}"));
+    let status = response.status();
+    let headers = response.headers().clone();
+    let text = response.text().await.unwrap_or_else(|e| panic!("reading the body: {e}"));
+    Reply { status, headers, text }
+}
+
+fn with_database(url: &str, database: &str) -> String {
+    let (base, query) = url.split_once('?').map_or((url, None), |(b, q)| (b, Some(q)));
+    let after_scheme = base.find("://").map_or(0, |i| i + 3);
+    let base = match base[after_scheme..].find('/') {
+        Some(slash) => &base[..after_scheme + slash],
+        None => base,
+    };
+    match query {
+        Some(query) => format!("{base}/{database}?{query}"),
+        None => format!("{base}/{database}"),
+    }
+}
+
+/// The Fruitshop spec from the shared fixtures, read at test time.
+pub fn fruitshop() -> String {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/fruitshop-v2-2-0.oas.yml");
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {path}: {e}"))
+}
+
+/// A self-signed certificate and its key, as PEM.
+pub fn certificate_pem(dns_name: &str) -> (String, String) {
+    let generated = rcgen::generate_simple_self_signed(vec![dns_name.to_string()])
+        .unwrap_or_else(|e| panic!("generate certificate: {e}"));
+    (generated.cert.pem(), generated.signing_key.serialize_pem())
+}
+
+/// Collects log output of the current thread, for asserting that no secret is ever logged.
+#[derive(Clone, Default)]
+pub struct LogCapture(Arc<Mutex<Vec<u8>>>);
+
+impl LogCapture {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().map(|b| b.clone()).unwrap_or_default()).into_owned()
+    }
+}
+
+impl std::io::Write for LogCapture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if let Ok(mut captured) = self.0.lock() {
+            captured.extend_from_slice(buf);
+        }
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogCapture {
+    type Writer = LogCapture;
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}

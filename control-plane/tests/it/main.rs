@@ -1,0 +1,4 @@
+//! Integration tests of the control plane, one binary for the crate (link time): each module drives a real
+//! server over sockets.
+
+mod admin;
