@@ -92,9 +92,9 @@ async fn dry_run_shows_the_diff_and_commits_nothing(server: &Server) {
     import_yaml(server, "/v1/config", example_yaml()).await;
     let version = server.version().await;
     let mut config = server.get("/v1/config").await.json();
-    config["upstreams"]
-        .as_array_mut()
-        .map(|u| u.push(json!({ "name": "extra", "targets": [{ "url": "http://127.0.0.1:9003" }] })));
+    if let Some(upstreams) = config["upstreams"].as_array_mut() {
+        upstreams.push(json!({ "name": "extra", "targets": [{ "url": "http://127.0.0.1:9003" }] }));
+    }
     config["apis"][0]["strip_prefix"] = json!(true);
     config["consumers"] = json!([]);
 
