@@ -16,6 +16,8 @@ use tracing::{error, info, warn};
 use crate::backoff::Backoff;
 use crate::ops;
 use crate::proxy::{self, ProxyOptions};
+use crate::policy::PolicyContext;
+use crate::policy::rate_limit::{RateLimitContext, RateLimitError};
 use crate::routing::TableStore;
 use crate::settings::{self, Settings};
 use crate::sync::{SyncClient, SyncError, SyncOptions, SyncState};
@@ -31,6 +33,8 @@ pub enum AppError {
     Sync(#[from] SyncError),
     #[error("the {listener} server failed: {source}")]
     Serve { listener: &'static str, source: std::io::Error },
+    #[error("--redis-url: {0}")]
+    RateLimit(#[from] RateLimitError),
 }
 
 /// What a data plane bound, as printed on stdout and logged at start-up.
@@ -60,14 +64,14 @@ impl App {
     pub async fn build(settings: Settings) -> Result<App, AppError> {
         let metrics = ops::metrics_handle();
         let node_id = settings.resolved_node_id();
-        let tables = Arc::new(TableStore::new());
+        let tables = Arc::new(TableStore::with_context(policy_context(&settings)?));
 
         let http_listener = bind("http", settings.http_addr).await?;
         let ops_listener = bind("ops", settings.ops_addr).await?;
         let http_addr = local_addr("http", &http_listener, settings.http_addr)?;
         let ops_addr = local_addr("ops", &ops_listener, settings.ops_addr)?;
-        // `--https-addr` and `--redis-url` are accepted so deployments can set
-        // them already; TLS termination and cluster-wide rate limits will use them.
+        // `--https-addr` is accepted so deployments can set it already; TLS
+        // termination will use it.
 
         let sync = SyncClient::new(
             SyncOptions {
@@ -190,6 +194,19 @@ fn task_failure<T, E: Into<AppError>>(
             Some(AppError::Serve { listener, source: std::io::Error::other(e.to_string()) })
         }
     }
+}
+
+/// Rate-limit inputs from the settings. Only a malformed Redis URL fails the
+/// start: an unreachable Redis is retried in the background while the node
+/// serves, with cluster-wide limits following their `fail_open` meanwhile.
+fn policy_context(settings: &Settings) -> Result<PolicyContext, AppError> {
+    let rate_limits = match settings.redis_url.as_deref().map(str::trim).filter(|url| !url.is_empty()) {
+        Some(url) => RateLimitContext::connect(url)?,
+        None => RateLimitContext::local(),
+    };
+    let mut context = PolicyContext::local();
+    context.rate_limits = rate_limits.with_trusted_proxies(settings.trusted_proxies.clone());
+    Ok(context)
 }
 
 async fn bind(listener: &'static str, addr: SocketAddr) -> Result<TcpListener, AppError> {

@@ -6,6 +6,7 @@
 pub mod app;
 pub mod backoff;
 pub mod ops;
+pub mod policy;
 pub mod proxy;
 pub mod routing;
 pub mod settings;

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
+use crate::policy::rate_limit::{Cidr, CidrError};
+
 /// An on/off switch spelled the way operators write it in env files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Switch {
@@ -60,9 +62,18 @@ pub struct Settings {
     #[arg(long, env = "SLUICE_ACCESS_LOG", value_enum, default_value = "on")]
     pub access_log: Switch,
 
-    /// Redis for cluster-wide rate limits (accepted; not used yet).
-    #[arg(long, env = "SLUICE_REDIS_URL")]
+    /// Redis for cluster-wide rate limits (`redis://host:6379`). Without it,
+    /// `cluster_wide` limits are enforced per node.
+    #[arg(long, env = "SLUICE_REDIS_URL", hide_env_values = true)]
     pub redis_url: Option<String>,
+
+    /// Comma-separated CIDRs of proxies in front of this data plane (load
+    /// balancers). Only from these peers is `X-Forwarded-For` believed when
+    /// rate limits key by client address; empty trusts nobody.
+    // The full `Vec` path makes clap parse the whole list at once, so an
+    // empty `SLUICE_TRUSTED_PROXIES=` means none rather than an error.
+    #[arg(long, env = "SLUICE_TRUSTED_PROXIES", default_value = "", value_parser = parse_cidr_list)]
+    pub trusted_proxies: ::std::vec::Vec<Cidr>,
 
     /// Interval of heartbeats to the control plane, in milliseconds.
     #[arg(long, env = "SLUICE_HEARTBEAT_MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..))]
@@ -86,6 +97,7 @@ impl Settings {
             snapshot_cache: None,
             access_log: Switch::On,
             redis_url: None,
+            trusted_proxies: Vec::new(),
             heartbeat_ms: 5_000,
             shutdown_grace_secs: 30,
         }
@@ -106,6 +118,11 @@ impl Settings {
             _ => format!("{}-{:06x}", hostname(), rand::random::<u32>() & 0x00ff_ffff),
         }
     }
+}
+
+/// `10.0.0.0/8, 192.168.1.1` -> CIDRs; blank entries are skipped.
+fn parse_cidr_list(text: &str) -> Result<Vec<Cidr>, CidrError> {
+    text.split(',').map(str::trim).filter(|c| !c.is_empty()).map(str::parse).collect()
 }
 
 /// The machine's hostname without pulling in a crate for it: the kernel's
@@ -154,6 +171,16 @@ mod tests {
         assert!(!s.access_log.is_on());
         assert_eq!(s.resolved_node_id(), "n1");
         assert_eq!(s.snapshot_cache, Some(PathBuf::from("/tmp/x.pb")));
+    }
+
+    #[test]
+    fn trusted_proxies_parse_as_a_list() {
+        let s = Settings::try_parse_from(["sluice-dp", "--trusted-proxies", "10.0.0.0/8, 192.168.1.1,::1"]).unwrap();
+        let shown: Vec<String> = s.trusted_proxies.iter().map(ToString::to_string).collect();
+        assert_eq!(shown, ["10.0.0.0/8", "192.168.1.1/32", "::1/128"]);
+        assert!(Settings::try_parse_from(["sluice-dp", "--trusted-proxies", "10.0.0.0/33"]).is_err());
+        assert!(Settings::try_parse_from(["sluice-dp"]).unwrap().trusted_proxies.is_empty());
+        assert!(Settings::try_parse_from(["sluice-dp", "--trusted-proxies", ""]).unwrap().trusted_proxies.is_empty());
     }
 
     #[test]

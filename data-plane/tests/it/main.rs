@@ -9,3 +9,4 @@ mod lifecycle;
 mod proxy;
 mod sync;
 mod test_upstream;
+mod rate_limit;
