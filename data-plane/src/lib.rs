@@ -5,6 +5,7 @@
 
 pub mod app;
 pub mod backoff;
+pub mod openapi;
 pub mod ops;
 pub mod policy;
 pub mod proxy;

@@ -1,0 +1,194 @@
+//! The `openapi` policy, in the request path after authentication and rate
+//! limiting (body validation last, because it buffers): an API bound to a spec
+//! has each request checked against the spec's path templates, methods,
+//! parameters, content types and JSON bodies, and optionally each upstream
+//! response too. `SpecValidator::compile` does all the work that can be done
+//! once per snapshot (parsing, `$ref`s, schema compilation, the path router);
+//! `validate_request`/`validate_response` only match and run validators.
+
+mod body;
+mod document;
+mod failure;
+mod operation;
+mod params;
+mod router;
+mod schema;
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::sync::Arc;
+
+use http::{HeaderMap, Method, StatusCode};
+use serde_json::Value;
+use sluice_proto::v1;
+
+pub use failure::ValidationFailure;
+
+use document::{Version, escape, resolve};
+use operation::{Location, Operation};
+use router::Router;
+use schema::SchemaCompiler;
+
+/// Why a spec cannot be compiled; becomes the snapshot's NACK reason.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SpecError {
+    #[error("the document is not valid JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("unsupported OpenAPI version: {0}")]
+    Version(String),
+    #[error("cannot resolve `{reference}`: {reason}")]
+    Ref { reference: String, reason: String },
+    #[error("invalid object at #{pointer}: {reason}")]
+    Invalid { pointer: String, reason: String },
+    #[error("invalid schema at {pointer}: {reason}")]
+    Schema { pointer: String, reason: String },
+    #[error("path `{template}` cannot be routed: {reason}")]
+    Route { template: String, reason: String },
+}
+
+/// HTTP methods OpenAPI path items can hold, by their key in the document.
+const METHODS: [(&str, Method); 8] = [
+    ("get", Method::GET),
+    ("put", Method::PUT),
+    ("post", Method::POST),
+    ("delete", Method::DELETE),
+    ("options", Method::OPTIONS),
+    ("head", Method::HEAD),
+    ("patch", Method::PATCH),
+    ("trace", Method::TRACE),
+];
+
+/// What a compiled validator was built from: equal inputs give an equal
+/// validator, so a snapshot that leaves them alone reuses the old one.
+#[derive(PartialEq, Eq)]
+struct Inputs {
+    json: String,
+    validate_requests: bool,
+    validate_responses: bool,
+    path_prefix: String,
+}
+
+/// An API's spec, compiled: immutable and shared by every request on the
+/// routing table that holds it.
+pub struct SpecValidator {
+    inputs: Inputs,
+    spec_name: String,
+    router: Router,
+}
+
+impl fmt::Debug for SpecValidator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SpecValidator")
+            .field("spec", &self.spec_name)
+            .field("validate_requests", &self.inputs.validate_requests)
+            .field("validate_responses", &self.inputs.validate_responses)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SpecValidator {
+    /// Compiles `spec` for `api`. Returns `previous` itself when the spec
+    /// text, the binding and the API prefix are unchanged. The error names
+    /// the spec and what is wrong with it.
+    pub fn compile(
+        spec: &v1::Spec,
+        binding: &v1::OpenApiBinding,
+        api: &v1::Api,
+        previous: Option<&Arc<SpecValidator>>,
+    ) -> Result<Arc<SpecValidator>, String> {
+        let inputs = Inputs {
+            json: spec.json.clone(),
+            validate_requests: binding.validate_requests,
+            validate_responses: binding.validate_responses,
+            path_prefix: api.path_prefix.clone(),
+        };
+        if let Some(previous) = previous
+            && previous.inputs == inputs
+        {
+            return Ok(previous.clone());
+        }
+        let router = build_router(&inputs).map_err(|e| format!("spec `{}`: {e}", spec.name))?;
+        Ok(Arc::new(SpecValidator { inputs, spec_name: spec.name.clone(), router }))
+    }
+
+    pub fn validates_requests(&self) -> bool {
+        self.inputs.validate_requests
+    }
+
+    pub fn validates_responses(&self) -> bool {
+        self.inputs.validate_responses
+    }
+
+    /// Whether `validate_request` wants the request body: only when request
+    /// validation is on and the matched operation has a JSON body schema;
+    /// everything else streams through unbuffered.
+    pub fn needs_body(&self, method: &Method, path: &str) -> bool {
+        self.inputs.validate_requests && self.router.find(method, path).is_ok_and(|found| found.operation.needs_body())
+    }
+
+    /// Checks a request; `path` is the full request path and `body` the
+    /// buffered body when `needs_body` said so (`None` otherwise). Every
+    /// violation found is in the failure. Always `Ok` when request validation
+    /// is off for the API.
+    pub fn validate_request(
+        &self,
+        method: &Method,
+        path: &str,
+        query: Option<&str>,
+        headers: &HeaderMap,
+        body: Option<&[u8]>,
+    ) -> Result<(), ValidationFailure> {
+        if !self.inputs.validate_requests {
+            return Ok(());
+        }
+        let found = self.router.find(method, path)?;
+        found.operation.check_request(method, &found.params, query, headers, body)
+    }
+
+    /// Checks an upstream response to `method path` (status, declared headers,
+    /// content type, JSON body). A failure's status is 502. Always `Ok` when
+    /// response validation is off, or when the request matches no operation
+    /// (request validation, if on, has already refused such requests).
+    pub fn validate_response(
+        &self,
+        method: &Method,
+        path: &str,
+        status: StatusCode,
+        headers: &HeaderMap,
+        body: &[u8],
+    ) -> Result<(), ValidationFailure> {
+        if !self.inputs.validate_responses {
+            return Ok(());
+        }
+        match self.router.find(method, path) {
+            Ok(found) => found.operation.check_response(method, status, headers, body),
+            Err(_) => Ok(()),
+        }
+    }
+}
+
+fn build_router(inputs: &Inputs) -> Result<Router, SpecError> {
+    let mut doc: Value = serde_json::from_str(&inputs.json)?;
+    let version = document::version(&doc)?;
+    if version == Version::V30 {
+        document::rewrite_30(&mut doc);
+    }
+    let api_prefix = inputs.path_prefix.trim_end_matches('/').to_owned();
+    let mut router = Router::new(vec![document::base_path(&doc), api_prefix]);
+    let mut schemas = SchemaCompiler::new(&doc)?;
+    for (template, item) in doc.get("paths").and_then(Value::as_object).into_iter().flatten() {
+        let (item_pointer, item) = resolve(&doc, format!("/paths/{}", escape(template)), item)?;
+        let mut operations = Vec::new();
+        for (key, method) in &METHODS {
+            if item.get(*key).is_some_and(Value::is_object) {
+                let at = Location { template, item_pointer: &item_pointer, item, method: key };
+                operations
+                    .push((method.clone(), Operation::compile(&doc, &at, inputs.validate_responses, &mut schemas)?));
+            }
+        }
+        router.insert(template, operations)?;
+    }
+    tracing::debug!(operations = router.operations().count(), "compiled OpenAPI spec");
+    Ok(router)
+}
