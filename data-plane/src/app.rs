@@ -21,6 +21,7 @@ use crate::policy::rate_limit::{RateLimitContext, RateLimitError};
 use crate::routing::TableStore;
 use crate::settings::{self, Settings};
 use crate::sync::{SyncClient, SyncError, SyncOptions, SyncState};
+use crate::tls::{self, TlsSetupError};
 
 /// The ops server has no long requests; it gets a short grace period of its own.
 const OPS_GRACE: Duration = Duration::from_secs(2);
@@ -33,6 +34,8 @@ pub enum AppError {
     Sync(#[from] SyncError),
     #[error("the {listener} server failed: {source}")]
     Serve { listener: &'static str, source: std::io::Error },
+    #[error(transparent)]
+    Tls(#[from] TlsSetupError),
     #[error("--redis-url: {0}")]
     RateLimit(#[from] RateLimitError),
 }
@@ -41,6 +44,7 @@ pub enum AppError {
 #[derive(Debug, Clone, Serialize)]
 pub struct Bound {
     pub http_addr: SocketAddr,
+    pub https_addr: SocketAddr,
     pub ops_addr: SocketAddr,
     pub node_id: String,
 }
@@ -48,6 +52,9 @@ pub struct Bound {
 pub struct App {
     bound: Bound,
     http_listener: TcpListener,
+    https_listener: TcpListener,
+    /// Built once; certificates come from the current table per handshake.
+    tls_config: Arc<rustls::ServerConfig>,
     ops_listener: TcpListener,
     tables: Arc<TableStore>,
     sync: SyncClient,
@@ -68,10 +75,11 @@ impl App {
 
         let http_listener = bind("http", settings.http_addr).await?;
         let ops_listener = bind("ops", settings.ops_addr).await?;
+        let https_listener = bind("https", settings.https_addr).await?;
         let http_addr = local_addr("http", &http_listener, settings.http_addr)?;
+        let https_addr = local_addr("https", &https_listener, settings.https_addr)?;
+        let tls_config = tls::server_config(tables.clone())?;
         let ops_addr = local_addr("ops", &ops_listener, settings.ops_addr)?;
-        // `--https-addr` is accepted so deployments can set it already; TLS
-        // termination will use it.
 
         let sync = SyncClient::new(
             SyncOptions {
@@ -90,8 +98,10 @@ impl App {
         let sync_state = sync.state();
 
         Ok(App {
-            bound: Bound { http_addr, ops_addr, node_id },
+            bound: Bound { http_addr, https_addr, ops_addr, node_id },
             http_listener,
+            https_listener,
+            tls_config,
             ops_listener,
             tables,
             sync,
@@ -133,9 +143,21 @@ impl App {
 
         let mut proxy =
             tokio::spawn(proxy::serve(self.http_listener, self.tables.clone(), self.proxy_options, stopped()));
+        let mut https = tokio::spawn(proxy::serve_tls(
+            self.https_listener,
+            self.tables.clone(),
+            self.proxy_options,
+            self.tls_config,
+            stopped(),
+        ));
         let mut ops = tokio::spawn(ops::serve(self.ops_listener, self.tables.clone(), self.metrics, stopped()));
         let mut sync = tokio::spawn(self.sync.run(stopped()));
-        info!(http_addr = %self.bound.http_addr, ops_addr = %self.bound.ops_addr, "data plane running");
+        info!(
+            http_addr = %self.bound.http_addr,
+            https_addr = %self.bound.https_addr,
+            ops_addr = %self.bound.ops_addr,
+            "data plane running"
+        );
 
         // A server that ends on its own is a failure: stop the rest too, since
         // a node without its proxy or its probes should be restarted.
@@ -145,19 +167,30 @@ impl App {
             result = &mut proxy => {
                 failure = Some(task_failure("http", result.map(|r| r.map_err(|source| AppError::Serve { listener: "http", source }))));
             }
+            result = &mut https => {
+                failure = Some(task_failure("https", result.map(|r| r.map_err(|source| AppError::Serve { listener: "https", source }))));
+            }
             result = &mut ops => {
                 failure = Some(task_failure("ops", result.map(|r| r.map_err(|source| AppError::Serve { listener: "ops", source }))));
             }
         }
         let _ = stop_tx.send(true);
 
-        if !proxy.is_finished() {
-            match tokio::time::timeout(self.shutdown_grace, &mut proxy).await {
-                Ok(_) => info!("in-flight requests finished"),
-                Err(_) => {
-                    warn!(grace_secs = self.shutdown_grace.as_secs(), "grace period over; dropping remaining requests");
-                    proxy.abort();
-                }
+        // Both proxy listeners drain side by side within one grace period.
+        let drained = async {
+            if !proxy.is_finished() {
+                let _ = (&mut proxy).await;
+            }
+            if !https.is_finished() {
+                let _ = (&mut https).await;
+            }
+        };
+        match tokio::time::timeout(self.shutdown_grace, drained).await {
+            Ok(()) => info!("in-flight requests finished"),
+            Err(_) => {
+                warn!(grace_secs = self.shutdown_grace.as_secs(), "grace period over; dropping remaining requests");
+                proxy.abort();
+                https.abort();
             }
         }
         if !ops.is_finished() && tokio::time::timeout(OPS_GRACE, &mut ops).await.is_err() {

@@ -13,4 +13,5 @@ pub mod routing;
 pub mod settings;
 pub mod snapshot_cache;
 pub mod sync;
+pub mod tls;
 pub mod upstream;

@@ -22,7 +22,13 @@ async fn main() -> anyhow::Result<()> {
 
     let app = App::build(settings).await.context("starting the data plane")?;
     let bound = app.bound().clone();
-    tracing::info!(http_addr = %bound.http_addr, ops_addr = %bound.ops_addr, node_id = %bound.node_id, "listening");
+    tracing::info!(
+        http_addr = %bound.http_addr,
+        https_addr = %bound.https_addr,
+        ops_addr = %bound.ops_addr,
+        node_id = %bound.node_id,
+        "listening"
+    );
     {
         let mut stdout = std::io::stdout().lock();
         writeln!(stdout, "{}", serde_json::to_string(&bound)?)?;

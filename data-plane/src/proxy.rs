@@ -1,5 +1,6 @@
-//! The proxy listener, the data plane's request path from accept to response:
-//! accept -> HTTP/1.1 or h2c -> load the routing table once -> route match ->
+//! The proxy listeners, the data plane's request path from accept to response:
+//! accept (plain, or TLS with the certificate picked by SNI) -> HTTP/1.1 or
+//! HTTP/2 -> load the routing table once -> route match ->
 //! forward to an upstream target -> access log and metrics. Graceful: on
 //! shutdown it stops accepting and lets open connections finish.
 
@@ -8,7 +9,7 @@ mod forward;
 mod log;
 
 use std::convert::Infallible;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,6 +20,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
+use tokio_rustls::TlsAcceptor;
 use tracing::{debug, warn};
 
 pub use error::{Origin, ProxyError};
@@ -46,19 +48,48 @@ impl Default for ProxyOptions {
 /// does not spin while the condition lasts.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 
+/// A client that connects and never finishes its handshake must not hold a
+/// task and a socket forever.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
 struct Shared {
     tables: Arc<TableStore>,
     options: ProxyOptions,
 }
 
-/// Serves the proxy on `listener` until `shutdown` completes, then stops
-/// accepting, asks every open connection to close after its in-flight
-/// requests, and returns once they all have. Callers wanting a deadline wrap
-/// this future in a timeout.
+/// Serves the plain-HTTP proxy (HTTP/1.1 and h2c) on `listener` until
+/// `shutdown` completes, then stops accepting, asks every open connection to
+/// close after its in-flight requests, and returns once they all have.
+/// Callers wanting a deadline wrap this future in a timeout.
 pub async fn serve(
     listener: TcpListener,
     tables: Arc<TableStore>,
     options: ProxyOptions,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    serve_listener(listener, tables, options, None, shutdown).await
+}
+
+/// Serves the HTTPS proxy: like [`serve`], with a TLS handshake (certificate
+/// by SNI, HTTP/2 or HTTP/1.1 by ALPN) before each connection is served.
+/// Requests are forwarded with `X-Forwarded-Proto: https`.
+pub async fn serve_tls(
+    listener: TcpListener,
+    tables: Arc<TableStore>,
+    options: ProxyOptions,
+    tls: Arc<rustls::ServerConfig>,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let options = ProxyOptions { scheme: "https", ..options };
+    serve_listener(listener, tables, options, Some(TlsAcceptor::from(tls)), shutdown).await
+}
+
+/// The accept loop both listeners share; `tls` set means a handshake first.
+async fn serve_listener(
+    listener: TcpListener,
+    tables: Arc<TableStore>,
+    options: ProxyOptions,
+    tls: Option<TlsAcceptor>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let shared = Arc::new(Shared { tables, options });
@@ -87,24 +118,24 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         let shared = shared.clone();
         let builder = builder.clone();
-        let mut stop_rx = stop_rx.clone();
+        let stop_rx = stop_rx.clone();
         let open = open_tx.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let client_ip = peer.ip().to_canonical();
-            let service = service_fn(move |request| handle(request, shared.clone(), client_ip));
-            let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-            tokio::pin!(connection);
-            tokio::select! {
-                result = connection.as_mut() => {
-                    if let Err(e) = result {
-                        debug!(%peer, error = %e, "client connection ended with an error");
-                    }
-                }
-                // The guard `wait_for` returns is not Send: drop it inside this future.
-                () = async { let _ = stop_rx.wait_for(|stop| *stop).await; } => {
-                    connection.as_mut().graceful_shutdown();
-                    if let Err(e) = connection.await {
-                        debug!(%peer, error = %e, "client connection ended with an error while draining");
+            match tls {
+                None => serve_connection(stream, peer, shared, &builder, stop_rx).await,
+                Some(acceptor) => {
+                    // The handshake runs in the connection's task so a slow
+                    // client never stalls the accept loop; shutdown abandons it.
+                    let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream));
+                    let mut stopping = stop_rx.clone();
+                    tokio::select! {
+                        result = handshake => match result {
+                            Ok(Ok(stream)) => serve_connection(stream, peer, shared, &builder, stop_rx).await,
+                            Ok(Err(e)) => debug!(%peer, error = %e, "TLS handshake failed"),
+                            Err(_) => debug!(%peer, "TLS handshake timed out"),
+                        },
+                        () = async { let _ = stopping.wait_for(|stop| *stop).await; } => {}
                     }
                 }
             }
@@ -116,6 +147,37 @@ pub async fn serve(
     drop(open_tx);
     let _ = open_rx.recv().await;
     Ok(())
+}
+
+/// Serves one accepted connection (plain or after its TLS handshake) until it
+/// ends, or until shutdown asks it to finish its in-flight requests and close.
+async fn serve_connection<S>(
+    stream: S,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    builder: &auto::Builder<TokioExecutor>,
+    mut stop_rx: watch::Receiver<bool>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let client_ip = peer.ip().to_canonical();
+    let service = service_fn(move |request| handle(request, shared.clone(), client_ip));
+    let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+    tokio::pin!(connection);
+    tokio::select! {
+        result = connection.as_mut() => {
+            if let Err(e) = result {
+                debug!(%peer, error = %e, "client connection ended with an error");
+            }
+        }
+        // The guard `wait_for` returns is not Send: drop it inside this future.
+        () = async { let _ = stop_rx.wait_for(|stop| *stop).await; } => {
+            connection.as_mut().graceful_shutdown();
+            if let Err(e) = connection.await {
+                debug!(%peer, error = %e, "client connection ended with an error while draining");
+            }
+        }
+    }
 }
 
 async fn handle(

@@ -15,6 +15,7 @@ use sluice_proto::v1;
 
 pub use matcher::RouteMiss;
 
+use crate::tls::{CertificateError, CertificateSet};
 use crate::upstream::{UpstreamClient, UpstreamPool};
 
 /// Used when an API leaves its timeouts at 0.
@@ -31,6 +32,8 @@ pub enum CompileError {
     MissingUpstream { api: String, upstream: String },
     #[error("route conflict on `{route}`: {detail}")]
     RouteConflict { route: String, detail: String },
+    #[error(transparent)]
+    Certificate(#[from] CertificateError),
 }
 
 fn join(violations: &[sluice_proto::Violation]) -> String {
@@ -64,6 +67,8 @@ pub struct RoutingTable {
     matcher: matcher::Matcher,
     apis: Vec<Arc<CompiledApi>>,
     upstreams: HashMap<String, Arc<UpstreamPool>>,
+    /// Served by SNI on the HTTPS listener, looked up per handshake.
+    certificates: CertificateSet,
 }
 
 impl RoutingTable {
@@ -80,6 +85,10 @@ impl RoutingTable {
     pub fn upstream(&self, name: &str) -> Option<&Arc<UpstreamPool>> {
         self.upstreams.get(name)
     }
+
+    pub fn certificates(&self) -> &CertificateSet {
+        &self.certificates
+    }
 }
 
 /// Compiles a snapshot. Upstream pools whose definition is unchanged since
@@ -87,10 +96,12 @@ impl RoutingTable {
 pub fn compile(snapshot: &v1::Snapshot, previous: Option<&RoutingTable>) -> Result<RoutingTable, CompileError> {
     sluice_proto::validate(snapshot).map_err(CompileError::Invalid)?;
 
+    // Before the upstreams: an upstream may present one as its client certificate.
+    let certificates = CertificateSet::compile(&snapshot.certificates, previous.map(|p| &p.certificates))?;
     let mut upstreams = HashMap::with_capacity(snapshot.upstreams.len());
     for spec in &snapshot.upstreams {
         let old = previous.and_then(|p| p.upstreams.get(&spec.name));
-        let pool = UpstreamPool::build(spec, old)
+        let pool = UpstreamPool::build(spec, &certificates, old)
             .map_err(|reason| CompileError::Upstream { upstream: spec.name.clone(), reason })?;
         upstreams.insert(spec.name.clone(), pool);
     }
@@ -127,7 +138,7 @@ pub fn compile(snapshot: &v1::Snapshot, previous: Option<&RoutingTable>) -> Resu
         .map_err(|c| CompileError::RouteConflict { route: c.route, detail: c.detail })?;
 
     let hash = if snapshot.hash.is_empty() { sluice_proto::content_hash(snapshot) } else { snapshot.hash.clone() };
-    Ok(RoutingTable { version: snapshot.version, hash, matcher, apis, upstreams })
+    Ok(RoutingTable { version: snapshot.version, hash, matcher, apis, upstreams, certificates })
 }
 
 fn millis_or(ms: u64, default: Duration) -> Duration {
@@ -220,9 +231,28 @@ mod tests {
             ),
             ("bad prefix", snapshot(vec![api("a", "shop", "u")], vec![ok_up()]), "must start with `/`"),
             (
-                "https target",
-                snapshot(vec![api("a", "/", "u")], vec![upstream("u", "https://example.com")]),
-                "only http:// targets",
+                "bad certificate",
+                v1::Snapshot {
+                    certificates: vec![v1::Certificate {
+                        name: "site".into(),
+                        chain_pem: "junk".into(),
+                        private_key_pem: "junk".into(),
+                        ..Default::default()
+                    }],
+                    ..snapshot(vec![api("a", "/", "u")], vec![ok_up()])
+                },
+                "certificate `site`: the chain holds no CERTIFICATE block",
+            ),
+            (
+                "bad CA bundle",
+                snapshot(
+                    vec![api("a", "/", "u")],
+                    vec![v1::Upstream {
+                        tls: Some(v1::UpstreamTls { ca_bundle_pem: "junk".into(), ..Default::default() }),
+                        ..upstream("u", "https://example.com")
+                    }],
+                ),
+                "upstream `u`: tls.ca_bundle_pem",
             ),
             (
                 "overlap",

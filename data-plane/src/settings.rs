@@ -39,7 +39,8 @@ pub struct Settings {
     #[arg(long, env = "SLUICE_HTTP_ADDR", default_value = "0.0.0.0:8080")]
     pub http_addr: SocketAddr,
 
-    /// TLS proxy listener. Accepted now; bound once TLS termination lands.
+    /// TLS proxy listener (HTTP/1.1 and HTTP/2 by ALPN); certificates come
+    /// from the snapshot, picked by SNI. Port 0 picks a free port.
     #[arg(long, env = "SLUICE_HTTPS_ADDR", default_value = "0.0.0.0:8443")]
     pub https_addr: SocketAddr,
 

@@ -16,10 +16,13 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::uri::{Authority, Scheme};
 use http_body_util::combinators::BoxBody;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use sluice_proto::v1;
+
+use crate::tls::{CertificateSet, UpstreamTls};
 
 pub use balance::{Balancer, HashOn, PickContext, hash64};
 
@@ -27,7 +30,8 @@ pub use balance::{Balancer, HashOn, PickContext, hash64};
 pub type ProxyBody = BoxBody<Bytes, hyper::Error>;
 
 /// Pooled client to the targets of one upstream.
-pub type UpstreamClient = Client<HttpConnector, ProxyBody>;
+/// `http://` targets go straight to TCP, `https://` through the pool's TLS settings.
+pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, ProxyBody>;
 
 /// How long an idle pooled connection is kept: below the common 60-120 s
 /// server keep-alive limits would be safer, but upstreams here are our own.
@@ -151,6 +155,8 @@ pub struct UpstreamPool {
     /// One client per connect timeout in use: the connect timeout is a
     /// connector setting, and APIs sharing an upstream may set different ones.
     clients: Mutex<HashMap<Duration, UpstreamClient>>,
+    /// TLS settings for `https://` targets (unused when there are none).
+    tls: UpstreamTls,
     /// (consecutive failures, ejection time); `None` disables passive ejection.
     passive: Option<(u32, Duration)>,
     retry_budget: AtomicI64,
@@ -167,10 +173,23 @@ impl Drop for UpstreamPool {
 }
 
 impl UpstreamPool {
-    /// Builds a pool, or returns `previous` when its definition is identical.
-    pub fn build(spec: &v1::Upstream, previous: Option<&Arc<UpstreamPool>>) -> Result<Arc<Self>, String> {
+    /// Builds a pool, or returns `previous` when its definition is identical
+    /// and it presents the same client certificate (which lives in the
+    /// snapshot's certificates, outside the upstream definition).
+    pub fn build(
+        spec: &v1::Upstream,
+        certificates: &CertificateSet,
+        previous: Option<&Arc<UpstreamPool>>,
+    ) -> Result<Arc<Self>, String> {
+        let client_certificate = spec
+            .tls
+            .as_ref()
+            .map(|tls| tls.client_certificate.as_str())
+            .filter(|name| !name.is_empty())
+            .and_then(|name| certificates.get(name));
         if let Some(previous) = previous
             && previous.spec == *spec
+            && previous.tls.same_client_certificate(client_certificate)
         {
             return Ok(previous.clone());
         }
@@ -178,12 +197,8 @@ impl UpstreamPool {
         for t in &spec.targets {
             let uri: http::Uri = t.url.parse().map_err(|e| format!("target `{}`: {e}", t.url))?;
             let scheme = uri.scheme().cloned().ok_or_else(|| format!("target `{}` has no scheme", t.url))?;
-            if scheme != Scheme::HTTP {
-                // TLS to upstreams comes with the TLS issue; refuse rather than send cleartext.
-                return Err(format!(
-                    "target `{}`: only http:// targets are supported so far (no upstream TLS yet)",
-                    t.url
-                ));
+            if scheme != Scheme::HTTP && scheme != Scheme::HTTPS {
+                return Err(format!("target `{}`: only http:// and https:// targets are supported", t.url));
             }
             let authority = uri.authority().cloned().ok_or_else(|| format!("target `{}` has no host", t.url))?;
             targets.push(Arc::new(Target {
@@ -198,6 +213,8 @@ impl UpstreamPool {
                 in_flight: AtomicUsize::new(0),
             }));
         }
+        let any_https = targets.iter().any(|t| t.scheme == Scheme::HTTPS);
+        let tls = UpstreamTls::compile(spec, certificates, any_https).map_err(|e| e.to_string())?;
         let urls: Vec<&str> = targets.iter().map(|t| t.url.as_str()).collect();
         let weights: Vec<u32> = targets.iter().map(|t| t.weight).collect();
         let balancer = Balancer::new(spec, &urls, &weights)?;
@@ -213,20 +230,21 @@ impl UpstreamPool {
             .health_check
             .as_ref()
             .filter(|c| !c.path.is_empty())
-            .and_then(|check| health::spawn(spec.name.clone(), check.clone(), targets.clone(), spec.http2));
+            .and_then(|check| health::spawn(spec.name.clone(), check.clone(), targets.clone(), &tls, spec.http2));
         Ok(Arc::new(UpstreamPool {
             name: spec.name.clone(),
             spec: spec.clone(),
             targets,
             balancer,
             clients: Mutex::new(HashMap::new()),
+            tls,
             passive,
             retry_budget: AtomicI64::new(BUDGET_INITIAL),
             health_task,
         }))
     }
 
-    /// Whether to speak HTTP/2 (prior knowledge) to the targets.
+    /// Whether to speak HTTP/2 to the targets (prior knowledge over TCP, ALPN over TLS).
     pub fn http2(&self) -> bool {
         self.spec.http2
     }
@@ -239,7 +257,10 @@ impl UpstreamPool {
     /// Called at compile time, so the hot path never takes this lock.
     pub fn client(&self, connect_timeout: Duration) -> UpstreamClient {
         let mut clients = self.clients.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        clients.entry(connect_timeout).or_insert_with(|| build_client(connect_timeout, self.spec.http2)).clone()
+        clients
+            .entry(connect_timeout)
+            .or_insert_with(|| build_client(connect_timeout, self.spec.http2, &self.tls))
+            .clone()
     }
 
     /// Picks a target for a request; `None` when no target is available.
@@ -283,10 +304,11 @@ impl UpstreamPool {
     }
 }
 
-fn build_client(connect_timeout: Duration, http2: bool) -> UpstreamClient {
-    let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(connect_timeout));
-    connector.set_nodelay(true);
+fn build_client(connect_timeout: Duration, http2: bool, tls: &UpstreamTls) -> UpstreamClient {
+    let mut tcp = HttpConnector::new();
+    tcp.set_connect_timeout(Some(connect_timeout));
+    tcp.set_nodelay(true);
+    let connector = tls.connector(tcp, http2);
     Client::builder(TokioExecutor::new())
         .pool_idle_timeout(POOL_IDLE_TIMEOUT)
         .pool_timer(TokioTimer::new())
@@ -317,22 +339,49 @@ mod tests {
 
     #[test]
     fn reuses_identical_pool_and_rebuilds_changed_one() {
-        let a = UpstreamPool::build(&spec(&["http://127.0.0.1:1"]), None).unwrap();
-        let same = UpstreamPool::build(&spec(&["http://127.0.0.1:1"]), Some(&a)).unwrap();
+        let a = UpstreamPool::build(&spec(&["http://127.0.0.1:1"]), &CertificateSet::default(), None).unwrap();
+        let same = UpstreamPool::build(&spec(&["http://127.0.0.1:1"]), &CertificateSet::default(), Some(&a)).unwrap();
         assert!(Arc::ptr_eq(&a, &same));
-        let changed = UpstreamPool::build(&spec(&["http://127.0.0.1:2"]), Some(&a)).unwrap();
+        let changed =
+            UpstreamPool::build(&spec(&["http://127.0.0.1:2"]), &CertificateSet::default(), Some(&a)).unwrap();
         assert!(!Arc::ptr_eq(&a, &changed));
     }
 
     #[test]
-    fn refuses_https_targets() {
-        let err = UpstreamPool::build(&spec(&["https://example.com"]), None).unwrap_err();
-        assert!(err.contains("only http://"), "{err}");
+    fn https_targets_and_client_certificate_changes() {
+        let client = |cn: &str| {
+            let key = rcgen::KeyPair::generate().unwrap();
+            let cert = rcgen::CertificateParams::new(vec![cn.to_string()]).unwrap().self_signed(&key).unwrap();
+            v1::Certificate {
+                name: "client".into(),
+                chain_pem: cert.pem(),
+                private_key_pem: key.serialize_pem(),
+                ..Default::default()
+            }
+        };
+        let mut spec = spec(&["https://example.com"]);
+        spec.tls = Some(v1::UpstreamTls { client_certificate: "client".into(), ..Default::default() });
+        let first = client("a.test");
+        let certs = CertificateSet::compile(std::slice::from_ref(&first), None).unwrap();
+        let a = UpstreamPool::build(&spec, &certs, None).unwrap();
+        assert_eq!(a.targets()[0].scheme, Scheme::HTTPS);
+        // Same upstream, same certificate: carried over.
+        let certs = CertificateSet::compile(std::slice::from_ref(&first), Some(&certs)).unwrap();
+        let same = UpstreamPool::build(&spec, &certs, Some(&a)).unwrap();
+        assert!(Arc::ptr_eq(&a, &same));
+        // Same upstream, replaced client certificate: rebuilt with it.
+        let certs = CertificateSet::compile(&[client("b.test")], Some(&certs)).unwrap();
+        let rebuilt = UpstreamPool::build(&spec, &certs, Some(&same)).unwrap();
+        assert!(!Arc::ptr_eq(&same, &rebuilt));
+        let err = UpstreamPool::build(&spec, &CertificateSet::default(), None).unwrap_err();
+        assert!(err.contains("`client` is not in the snapshot"), "{err}");
     }
 
     #[test]
     fn passive_ejection_and_readmission() {
-        let pool = UpstreamPool::build(&spec(&["http://127.0.0.1:1", "http://127.0.0.1:2"]), None).unwrap();
+        let pool =
+            UpstreamPool::build(&spec(&["http://127.0.0.1:1", "http://127.0.0.1:2"]), &CertificateSet::default(), None)
+                .unwrap();
         let h = http::HeaderMap::new();
         let t0 = pool.targets()[0].clone();
         pool.record_failure(&t0);
@@ -351,7 +400,7 @@ mod tests {
 
     #[test]
     fn retry_budget_runs_out_and_refills() {
-        let pool = UpstreamPool::build(&spec(&["http://127.0.0.1:1"]), None).unwrap();
+        let pool = UpstreamPool::build(&spec(&["http://127.0.0.1:1"]), &CertificateSet::default(), None).unwrap();
         let granted = (0..100).filter(|_| pool.withdraw_retry()).count();
         assert_eq!(granted as i64, BUDGET_INITIAL / BUDGET_COST);
         for _ in 0..5 {

@@ -8,12 +8,18 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Empty;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use sluice_proto::v1;
 
 use super::Target;
+use crate::tls::UpstreamTls;
+
+/// Probes use the pool's TLS settings, so an https target is checked the
+/// way requests reach it (same roots, SNI and client certificate).
+type ProbeClient = Client<HttpsConnector<HttpConnector>, Empty<Bytes>>;
 
 /// Starts the checker; returns `None` outside a tokio runtime (unit tests
 /// compiling a table), where the targets simply stay healthy.
@@ -21,10 +27,11 @@ pub(super) fn spawn(
     upstream: String,
     check: v1::ActiveHealthCheck,
     targets: Vec<Arc<Target>>,
+    tls: &UpstreamTls,
     http2: bool,
 ) -> Option<tokio::task::AbortHandle> {
     let runtime = tokio::runtime::Handle::try_current().ok()?;
-    let handle = runtime.spawn(run(upstream, check, targets, http2));
+    let handle = runtime.spawn(run(upstream, check, targets, tls.clone(), http2));
     Some(handle.abort_handle())
 }
 
@@ -35,7 +42,7 @@ struct Streak {
     failures: u32,
 }
 
-async fn run(upstream: String, check: v1::ActiveHealthCheck, targets: Vec<Arc<Target>>, http2: bool) {
+async fn run(upstream: String, check: v1::ActiveHealthCheck, targets: Vec<Arc<Target>>, tls: UpstreamTls, http2: bool) {
     let interval = Duration::from_millis(check.interval_ms.max(1));
     let timeout = Duration::from_millis(check.timeout_ms.max(1));
     let healthy_threshold = check.healthy_threshold.max(1);
@@ -44,11 +51,11 @@ async fn run(upstream: String, check: v1::ActiveHealthCheck, targets: Vec<Arc<Ta
     connector.set_connect_timeout(Some(timeout));
     // No pooling: a probe must open a fresh connection, or a target that stopped
     // accepting would look alive through a kept-alive socket.
-    let client: Client<HttpConnector, Empty<Bytes>> = Client::builder(TokioExecutor::new())
+    let client: ProbeClient = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(0)
         .timer(TokioTimer::new())
         .http2_only(http2)
-        .build(connector);
+        .build(tls.connector(connector, http2));
     let mut streaks = vec![Streak::default(); targets.len()];
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -78,7 +85,7 @@ async fn run(upstream: String, check: v1::ActiveHealthCheck, targets: Vec<Arc<Ta
 }
 
 /// A 2xx or 3xx answer within the timeout counts as healthy.
-async fn probe(client: &Client<HttpConnector, Empty<Bytes>>, target: &Target, path: &str, timeout: Duration) -> bool {
+async fn probe(client: &ProbeClient, target: &Target, path: &str, timeout: Duration) -> bool {
     let uri = format!("{}://{}{}", target.scheme, target.authority, path);
     let Ok(request) =
         http::Request::get(uri).header(http::header::USER_AGENT, "sluice-health-check").body(Empty::new())

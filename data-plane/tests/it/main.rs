@@ -9,4 +9,5 @@ mod lifecycle;
 mod proxy;
 mod sync;
 mod test_upstream;
+mod tls;
 mod rate_limit;

@@ -130,6 +130,7 @@ impl Upstream {
 pub struct DataPlane {
     pub process: Process,
     pub http_addr: SocketAddr,
+    pub https_addr: SocketAddr,
     pub ops_addr: SocketAddr,
     pub node_id: String,
 }
@@ -143,6 +144,8 @@ impl DataPlane {
             control_plane,
             "--http-addr",
             "127.0.0.1:0",
+            "--https-addr",
+            "127.0.0.1:0",
             "--ops-addr",
             "127.0.0.1:0",
             "--heartbeat-ms",
@@ -153,9 +156,10 @@ impl DataPlane {
         args.extend_from_slice(extra);
         let process = Process::spawn(env!("CARGO_BIN_EXE_sluice-dp"), &args).await?;
         let http_addr = process.addr("http_addr")?;
+        let https_addr = process.addr("https_addr")?;
         let ops_addr = process.addr("ops_addr")?;
         let node_id = process.first_line["node_id"].as_str().context("node_id")?.to_owned();
-        Ok(Self { process, http_addr, ops_addr, node_id })
+        Ok(Self { process, http_addr, https_addr, ops_addr, node_id })
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -1,0 +1,26 @@
+//! TLS on both sides of the proxy. Termination: the snapshot's certificates
+//! are compiled into a [`CertificateSet`] held by the routing table, and
+//! [`SniResolver`] picks one per handshake from the current table, so a new
+//! snapshot's certificates apply to the next handshake with no restart.
+//! Origination: each upstream with `https://` targets gets a rustls client
+//! config (roots or CA bundle, SNI, client certificate) built at compile time.
+
+mod certificates;
+mod server;
+mod upstream;
+
+use std::sync::{Arc, OnceLock};
+
+use rustls::crypto::CryptoProvider;
+
+pub use certificates::{CertificateError, CertificateSet, CompiledCertificate};
+pub use server::{SniResolver, TlsSetupError, server_config};
+pub use upstream::{UpstreamTls, UpstreamTlsError};
+
+/// The one crypto provider of the process (aws-lc-rs). Passed explicitly to
+/// every rustls builder rather than installed as the process default, so no
+/// other crate's choice of default can make a config pick another provider.
+pub(crate) fn provider() -> Arc<CryptoProvider> {
+    static PROVIDER: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
+    PROVIDER.get_or_init(|| Arc::new(rustls::crypto::aws_lc_rs::default_provider())).clone()
+}
