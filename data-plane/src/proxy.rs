@@ -1,8 +1,9 @@
 //! The proxy listeners, the data plane's request path from accept to response:
 //! accept (plain, or TLS with the certificate picked by SNI) -> HTTP/1.1 or
-//! HTTP/2 -> load the routing table once -> route match ->
-//! forward to an upstream target -> access log and metrics. Graceful: on
-//! shutdown it stops accepting and lets open connections finish.
+//! HTTP/2 -> load the routing table once -> route match -> the API's policy
+//! chain (`policy`) around the forward to an upstream target -> access log
+//! and metrics. Graceful: on shutdown it stops accepting and lets open
+//! connections finish.
 
 mod error;
 mod forward;
@@ -13,7 +14,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::{Request, Response, StatusCode, header};
+use http::{Method, Request, Response, StatusCode, header};
+use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -26,7 +28,7 @@ use tracing::{debug, warn};
 pub use error::{Origin, ProxyError};
 pub use log::LoggedBody;
 
-use crate::routing::{RouteMiss, TableStore};
+use crate::routing::{CompiledApi, RouteMiss, RoutingTable, TableStore};
 use log::Exchange;
 
 /// Settings of the proxy listener (from the data plane's settings).
@@ -233,14 +235,43 @@ async fn route_and_forward(
         Err(RouteMiss::NotFound) => {
             return Err(ProxyError::NoRoute { method: exchange.method.clone(), path: exchange.path.clone() });
         }
-        Err(RouteMiss::MethodNotAllowed { allow }) => {
-            return Err(ProxyError::MethodNotAllowed {
-                method: exchange.method.clone(),
-                path: exchange.path.clone(),
-                allow,
-            });
-        }
+        Err(RouteMiss::MethodNotAllowed { allow }) => match preflight_route(&table, host, &request) {
+            Some(api) => api,
+            None => {
+                return Err(ProxyError::MethodNotAllowed {
+                    method: exchange.method.clone(),
+                    path: exchange.path.clone(),
+                    allow,
+                });
+            }
+        },
     };
     exchange.api = Some(api.name.clone());
-    forward::forward(&api, request, client_ip, &shared.options, exchange).await
+    // From here the body may be wrapped by policies (size limit, buffering), which must be able to fail it.
+    let request = request.map(|body| body.map_err(Into::into).boxed());
+    let (api, options) = (api.as_ref(), &shared.options);
+    let mut consumer = None;
+    let result = {
+        let exchange = &mut *exchange;
+        api.policies
+            .apply(request, client_ip, &mut consumer, move |request| {
+                forward::forward(api, request, client_ip, options, exchange)
+            })
+            .await
+    };
+    exchange.consumer = consumer;
+    result
+}
+
+/// A CORS preflight is an OPTIONS request about another method, which the
+/// API may not route; it belongs to the API serving the method it asks
+/// about, when that API's CORS policy answers preflights.
+fn preflight_route(table: &RoutingTable, host: Option<&str>, request: &Request<Incoming>) -> Option<Arc<CompiledApi>> {
+    if request.method() != Method::OPTIONS || !request.headers().contains_key(header::ORIGIN) {
+        return None;
+    }
+    let requested = request.headers().get(header::ACCESS_CONTROL_REQUEST_METHOD)?;
+    let method = Method::from_bytes(requested.as_bytes()).ok()?;
+    let api = table.route(host, request.uri().path(), &method).ok()?;
+    api.policies.answers_preflights().then(|| api.clone())
 }

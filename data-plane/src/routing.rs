@@ -1,7 +1,8 @@
 //! Snapshot -> routing table, between the sync client and the proxy: `compile`
 //! turns a validated snapshot into the runtime form (route matcher, per-API
-//! settings, upstream pools) off to the side, and `TableStore` swaps it in
-//! with one atomic store that every new request then reads once.
+//! settings and policy chains, upstream pools) off to the side, and
+//! `TableStore` swaps it in with one atomic store that every new request then
+//! reads once.
 
 mod matcher;
 
@@ -15,6 +16,7 @@ use sluice_proto::v1;
 
 pub use matcher::RouteMiss;
 
+use crate::policy::{PolicyChain, PolicyContext};
 use crate::tls::{CertificateError, CertificateSet};
 use crate::upstream::{UpstreamClient, UpstreamPool};
 
@@ -32,6 +34,8 @@ pub enum CompileError {
     MissingUpstream { api: String, upstream: String },
     #[error("route conflict on `{route}`: {detail}")]
     RouteConflict { route: String, detail: String },
+    #[error("API `{api}`: {reason}")]
+    Policy { api: String, reason: String },
     #[error(transparent)]
     Certificate(#[from] CertificateError),
 }
@@ -54,8 +58,10 @@ pub struct CompiledApi {
     /// Time allowed until the upstream's response headers arrive.
     pub request_timeout: Duration,
     pub retries: u32,
-    /// The wire definition, for the policy chain compiled in a later step.
+    /// The wire definition.
     pub spec: v1::Api,
+    /// The API's policies, run between route match and upstream pick.
+    pub policies: PolicyChain,
 }
 
 /// The compiled form of one snapshot. Immutable once built; requests hold an
@@ -93,7 +99,12 @@ impl RoutingTable {
 
 /// Compiles a snapshot. Upstream pools whose definition is unchanged since
 /// `previous` are carried over with their connections, health and counters.
-pub fn compile(snapshot: &v1::Snapshot, previous: Option<&RoutingTable>) -> Result<RoutingTable, CompileError> {
+/// Policy state (rate-limit buckets, validators) is carried over per API name.
+pub fn compile(
+    snapshot: &v1::Snapshot,
+    previous: Option<&RoutingTable>,
+    ctx: &PolicyContext,
+) -> Result<RoutingTable, CompileError> {
     sluice_proto::validate(snapshot).map_err(CompileError::Invalid)?;
 
     // Before the upstreams: an upstream may present one as its client certificate.
@@ -106,8 +117,13 @@ pub fn compile(snapshot: &v1::Snapshot, previous: Option<&RoutingTable>) -> Resu
         upstreams.insert(spec.name.clone(), pool);
     }
 
+    let previous_apis: HashMap<&str, &CompiledApi> =
+        previous.map(|p| p.apis.iter().map(|a| (a.name.as_str(), a.as_ref())).collect()).unwrap_or_default();
     let mut apis = Vec::with_capacity(snapshot.apis.len());
     for api in &snapshot.apis {
+        let old_policies = previous_apis.get(api.name.as_str()).map(|a| &a.policies);
+        let policies = PolicyChain::compile(api, snapshot, old_policies, ctx)
+            .map_err(|reason| CompileError::Policy { api: api.name.clone(), reason })?;
         let upstream = upstreams
             .get(&api.upstream)
             .cloned()
@@ -123,6 +139,7 @@ pub fn compile(snapshot: &v1::Snapshot, previous: Option<&RoutingTable>) -> Resu
             request_timeout: millis_or(api.request_timeout_ms, DEFAULT_REQUEST_TIMEOUT),
             retries: api.retries,
             spec: api.clone(),
+            policies,
         }));
     }
 
@@ -161,14 +178,21 @@ pub enum ApplyOutcome {
 #[derive(Debug, Default)]
 pub struct TableStore {
     current: ArcSwapOption<RoutingTable>,
+    /// What every compile needs from the process (Redis for rate limits).
+    context: PolicyContext,
     /// Serializes writers so two applies cannot both compile against the same
     /// previous table and lose one's carried-over state.
     apply_lock: Mutex<()>,
 }
 
 impl TableStore {
+    /// Node-local policy state (no Redis).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    pub fn with_context(context: PolicyContext) -> Self {
+        TableStore { context, ..Self::default() }
     }
 
     pub fn load(&self) -> Option<Arc<RoutingTable>> {
@@ -190,7 +214,7 @@ impl TableStore {
             return Ok(ApplyOutcome::Unchanged);
         }
         let started = Instant::now();
-        let mut table = compile(snapshot, previous.as_deref())?;
+        let mut table = compile(snapshot, previous.as_deref(), &self.context)?;
         table.hash = hash;
         let compile_time = started.elapsed();
         let version = table.version;
@@ -273,7 +297,7 @@ mod tests {
             ("no targets", snapshot(vec![], vec![v1::Upstream { name: "u".into(), ..Default::default() }]), "target"),
         ];
         for (name, snapshot, want) in cases {
-            match compile(&snapshot, None) {
+            match compile(&snapshot, None, &PolicyContext::local()) {
                 Ok(_) => panic!("{name}: compiled"),
                 Err(e) => assert!(e.to_string().contains(want), "{name}: {e}"),
             }
@@ -289,7 +313,7 @@ mod tests {
             ],
             vec![upstream("u", "http://127.0.0.1:9")],
         );
-        let table = compile(&s, None).unwrap();
+        let table = compile(&s, None, &PolicyContext::local()).unwrap();
         let shop = table.route(Some("x"), "/shop/a", &Method::GET).unwrap();
         assert_eq!((shop.name.as_str(), shop.prefix.as_str()), ("shop", "/shop"));
         assert_eq!(shop.request_timeout, Duration::from_millis(1500));

@@ -29,9 +29,15 @@ pub use balance::{Balancer, HashOn, PickContext, hash64};
 /// Body type on both legs of the proxy: a boxed stream, never buffered.
 pub type ProxyBody = BoxBody<Bytes, hyper::Error>;
 
+/// Body of a request on its way upstream. Its error is boxed, not
+/// `hyper::Error`, because the policy chain wraps the client's body (size
+/// limit while streaming, buffered for validation) and must be able to fail it.
+pub type RequestBody = BoxBody<Bytes, BoxError>;
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Pooled client to the targets of one upstream.
 /// `http://` targets go straight to TCP, `https://` through the pool's TLS settings.
-pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, ProxyBody>;
+pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, RequestBody>;
 
 /// How long an idle pooled connection is kept: below the common 60-120 s
 /// server keep-alive limits would be safer, but upstreams here are our own.

@@ -1,4 +1,4 @@
-//! Forwarding, after route match (and, later, the policy chain): rewrites the
+//! Forwarding, after route match and the request side of the policy chain: rewrites the
 //! request for the upstream (path, hop-by-hop and forwarding headers), picks a
 //! target, sends with timeout and bounded retries, and prepares the response
 //! (including the tunnel of an upgraded connection such as a WebSocket).
@@ -18,7 +18,7 @@ use super::ProxyOptions;
 use super::error::ProxyError;
 use super::log::Exchange;
 use crate::routing::CompiledApi;
-use crate::upstream::{InFlight, ProxyBody, Target};
+use crate::upstream::{InFlight, ProxyBody, RequestBody, Target};
 
 /// Headers that describe one hop, never the end-to-end message (RFC 9110 §7.6.1).
 const HOP_BY_HOP: [HeaderName; 8] = [
@@ -37,7 +37,7 @@ const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host")
 
 pub(super) async fn forward(
     api: &CompiledApi,
-    mut request: Request<Incoming>,
+    mut request: Request<RequestBody>,
     client_ip: IpAddr,
     options: &ProxyOptions,
     exchange: &mut Exchange,
@@ -95,7 +95,7 @@ pub(super) async fn forward(
             .build()
             .map_err(|e| ProxyError::Internal(format!("cannot build upstream URI: {e}")))?;
         let outgoing_body = match body.take() {
-            Some(incoming) if !replayable => incoming.boxed(),
+            Some(incoming) if !replayable => incoming,
             _ => Empty::new().map_err(|never| match never {}).boxed(),
         };
         let mut outgoing = Request::new(outgoing_body);

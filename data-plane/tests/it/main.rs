@@ -11,3 +11,4 @@ mod sync;
 mod test_upstream;
 mod tls;
 mod rate_limit;
+mod policies;

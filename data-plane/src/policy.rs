@@ -1,0 +1,346 @@
+//! The policy chain, between route match and upstream pick: each API's
+//! policies are compiled once per snapshot into a [`PolicyChain`] (all parsing,
+//! key loading and schema compilation happen there), and
+//! [`PolicyChain::apply`] runs them on every request in one fixed order,
+//! around the forward to the upstream.
+
+mod api_key;
+mod auth;
+mod basic_auth;
+mod cors;
+mod headers;
+mod ip_restriction;
+mod jwt;
+mod problem;
+pub mod rate_limit;
+mod size_limit;
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use http::{HeaderMap, Method, Request, Response, StatusCode, header};
+use http_body_util::BodyExt;
+use sluice_proto::v1;
+use sluice_proto::v1::policy::Kind;
+
+pub use auth::X_CONSUMER_USERNAME;
+pub use problem::Rejection;
+
+use crate::openapi::SpecValidator;
+use crate::proxy::ProxyError;
+use crate::upstream::{ProxyBody, RequestBody};
+use auth::Authentication;
+use cors::{Cors, CorsStep};
+use headers::HeaderPolicy;
+use ip_restriction::IpRestriction;
+use problem::full_body;
+use rate_limit::{RateDecision, RateKeyInput, RateLimitContext, RateLimiter};
+use size_limit::{BodyLimit, SizeLimit};
+
+/// Largest upstream response buffered for response validation; a bigger one
+/// is refused (502) rather than held in memory.
+const RESPONSE_BUFFER_LIMIT: usize = 10 * 1024 * 1024;
+
+/// Process-wide inputs to policy compilation, built once by the app.
+#[derive(Debug, Clone, Default)]
+pub struct PolicyContext {
+    pub rate_limits: RateLimitContext,
+}
+
+impl PolicyContext {
+    /// Node-local state only (no Redis): tests and single nodes.
+    pub fn local() -> Self {
+        Self::default()
+    }
+}
+
+/// One API's compiled policies. One slot per kind: validation allows at most
+/// one policy of each kind per API, and the order they run in is fixed by
+/// [`PolicyChain::apply`], not by the order the API lists them in.
+#[derive(Debug)]
+pub struct PolicyChain {
+    api: Arc<str>,
+    cors: Option<Cors>,
+    ip_restriction: Option<IpRestriction>,
+    size_limit: Option<SizeLimit>,
+    auth: Authentication,
+    rate_limit: Option<Arc<RateLimiter>>,
+    headers: Option<HeaderPolicy>,
+    openapi: Option<Arc<SpecValidator>>,
+}
+
+/// Why the chain stopped before (or after) forwarding.
+enum Stop {
+    /// A policy refused the request; answered with problem details.
+    Reject(Rejection),
+    /// A policy built the whole answer (rate limit 429, OpenAPI 4xx/502).
+    Respond(&'static str, Response<ProxyBody>),
+    /// Forwarding failed; the proxy maps it (and logs it with its origin).
+    Fail(ProxyError),
+}
+
+impl From<Rejection> for Stop {
+    fn from(rejection: Rejection) -> Self {
+        Stop::Reject(rejection)
+    }
+}
+
+impl PolicyChain {
+    /// Compiles `api`'s policies against `snapshot` (consumers, specs, the
+    /// API-key HMAC key). State worth keeping across swaps is taken from
+    /// `previous` (the same API in the table being replaced): rate-limit
+    /// buckets, compiled validators, the basic-auth cache.
+    pub fn compile(
+        api: &v1::Api,
+        snapshot: &v1::Snapshot,
+        previous: Option<&PolicyChain>,
+        ctx: &PolicyContext,
+    ) -> Result<PolicyChain, String> {
+        let mut chain = PolicyChain {
+            api: api.name.as_str().into(),
+            cors: None,
+            ip_restriction: None,
+            size_limit: None,
+            auth: Authentication::default(),
+            rate_limit: None,
+            headers: None,
+            openapi: None,
+        };
+        for kind in api.policies.iter().filter_map(|p| p.kind.as_ref()) {
+            let name = sluice_proto::policy_name(kind);
+            let failed = |e: String| format!("policy `{name}`: {e}");
+            // Exhaustive: a new policy kind in the proto does not compile until it has a slot here.
+            match kind {
+                Kind::BasicAuth(spec) => {
+                    let old = previous.and_then(|p| p.auth.basic.as_ref());
+                    chain.auth.basic = Some(
+                        basic_auth::BasicAuth::compile(spec, &api.name, &snapshot.consumers, old).map_err(failed)?,
+                    );
+                }
+                Kind::ApiKey(spec) => {
+                    chain.auth.api_key = Some(api_key::ApiKeyAuth::compile(spec, &api.name, snapshot).map_err(failed)?);
+                }
+                Kind::Jwt(spec) => {
+                    chain.auth.jwt = Some(jwt::JwtAuth::compile(spec, &api.name, &snapshot.consumers).map_err(failed)?);
+                }
+                Kind::RateLimit(spec) => {
+                    let old = previous.and_then(|p| p.rate_limit.as_ref());
+                    chain.rate_limit =
+                        Some(RateLimiter::compile(spec, &api.name, old, &ctx.rate_limits).map_err(failed)?);
+                }
+                Kind::Cors(spec) => chain.cors = Some(Cors::compile(spec).map_err(failed)?),
+                Kind::Headers(spec) => chain.headers = Some(HeaderPolicy::compile(spec).map_err(failed)?),
+                Kind::IpRestriction(spec) => chain.ip_restriction = Some(IpRestriction::compile(spec).map_err(failed)?),
+                Kind::RequestSizeLimit(spec) => chain.size_limit = Some(SizeLimit::compile(spec).map_err(failed)?),
+            }
+        }
+        if let Some(binding) = api.openapi.as_ref().filter(|b| b.validate_requests || b.validate_responses) {
+            let spec = snapshot
+                .specs
+                .iter()
+                .find(|s| s.name == binding.spec)
+                .ok_or_else(|| format!("openapi: spec `{}` is not in the snapshot", binding.spec))?;
+            let old = previous.and_then(|p| p.openapi.as_ref());
+            chain.openapi = Some(SpecValidator::compile(spec, binding, api, old).map_err(|e| format!("openapi: {e}"))?);
+        }
+        Ok(chain)
+    }
+
+    /// Whether a CORS preflight to this API is answered by the gateway (the
+    /// router lets such a preflight through even when OPTIONS is not routed).
+    pub fn answers_preflights(&self) -> bool {
+        self.cors.is_some()
+    }
+
+    /// The request path through the policies, in a fixed order whatever order
+    /// the API lists them in; `forward` sends the request upstream. A policy
+    /// that refuses answers with problem details, and the upstream sees
+    /// nothing. `consumer` is set once authentication has named one (for the
+    /// access log), even if a later policy refuses the request.
+    pub async fn apply<F, Fut>(
+        &self,
+        mut request: Request<RequestBody>,
+        client_ip: IpAddr,
+        consumer: &mut Option<String>,
+        forward: F,
+    ) -> Result<Response<ProxyBody>, ProxyError>
+    where
+        F: FnOnce(Request<RequestBody>) -> Fut,
+        Fut: Future<Output = Result<Response<ProxyBody>, ProxyError>>,
+    {
+        let instance = request.uri().path().to_owned();
+        let method = request.method().clone();
+        // 1. CORS first: a preflight carries no credentials, so it is answered
+        //    here before auth could 401 it; its headers go on every answer below.
+        let cors = match self.cors.as_ref().map(|c| c.begin(&method, request.headers())) {
+            None => HeaderMap::new(),
+            Some(CorsStep::Continue(headers)) => headers,
+            Some(CorsStep::Answer(response)) => return Ok(response),
+            Some(CorsStep::Reject(rejection)) => return Ok(self.rejected(rejection, &instance)),
+        };
+        let outcome = async {
+            // 2. IP restriction: the cheapest refusal, it reads nothing of the request.
+            self.check_ip(client_ip)?;
+            // 3. Size limit: by Content-Length before a body byte is read; else counted while streaming.
+            let body_limit = BodyLimit::apply(self.size_limit.as_ref(), &mut request)?;
+            // 4. Authentication: names the consumer that the rate limit and the upstream need.
+            *consumer = self.authenticate(&mut request).await?;
+            // 5. Rate limit after auth: anonymous floods get 401s without spending a consumer's quota.
+            let rate_headers = self.rate_limit(consumer.as_deref(), client_ip, request.headers()).await?;
+            // 6. Request header rules: after auth (they may use X-Consumer-Username), before validation sees them.
+            self.rewrite_request(request.headers_mut());
+            // 7. OpenAPI validation last: it may buffer the body, which only requests past every cheaper check deserve.
+            self.validate_request(&mut request, &body_limit).await?;
+            // Forward; a failure caused by the streaming size limit is the client's 413, not a 502.
+            let response = forward(request).await.map_err(|e| body_limit.explain(e))?;
+            // Response: validated as the upstream sent it, before the gateway's own changes.
+            let mut response = self.validate_response(&method, &instance, response).await?;
+            self.rewrite_response(response.headers_mut());
+            replace_headers(response.headers_mut(), rate_headers);
+            Ok::<_, Stop>(response)
+        }
+        .await;
+        let mut response = match outcome {
+            Ok(response) => response,
+            Err(Stop::Reject(rejection)) => self.rejected(rejection, &instance),
+            Err(Stop::Respond(policy, response)) => {
+                self.count_rejection(policy, response.status());
+                response
+            }
+            Err(Stop::Fail(error)) => return Err(error),
+        };
+        cors::add_headers(response.headers_mut(), cors);
+        Ok(response)
+    }
+
+    fn check_ip(&self, client_ip: IpAddr) -> Result<(), Rejection> {
+        self.ip_restriction.as_ref().map_or(Ok(()), |p| p.check(client_ip))
+    }
+
+    async fn authenticate(&self, request: &mut Request<RequestBody>) -> Result<Option<String>, Rejection> {
+        let consumer = self.auth.authenticate(request).await?;
+        if let Some(name) = &consumer {
+            // Labelled by consumer only (not API): consumers are few and set by
+            // operators, so the series count stays bounded by configuration.
+            metrics::counter!("sluice_consumer_requests_total", "consumer" => name.to_string()).increment(1);
+        }
+        Ok(consumer.map(|c| c.to_string()))
+    }
+
+    async fn rate_limit(
+        &self,
+        consumer: Option<&str>,
+        client_ip: IpAddr,
+        headers: &HeaderMap,
+    ) -> Result<HeaderMap, Stop> {
+        let Some(limiter) = &self.rate_limit else { return Ok(HeaderMap::new()) };
+        match limiter.check(&RateKeyInput { consumer, client_ip, headers }).await {
+            RateDecision::Allowed { headers } => Ok(headers),
+            RateDecision::Limited { response } => Err(Stop::Respond("rate_limit", response)),
+        }
+    }
+
+    fn rewrite_request(&self, headers: &mut HeaderMap) {
+        if let Some(policy) = &self.headers {
+            policy.rewrite_request(headers);
+        }
+    }
+
+    fn rewrite_response(&self, headers: &mut HeaderMap) {
+        if let Some(policy) = &self.headers {
+            policy.rewrite_response(headers);
+        }
+    }
+
+    async fn validate_request(&self, request: &mut Request<RequestBody>, limit: &BodyLimit) -> Result<(), Stop> {
+        let Some(spec) = self.openapi.as_ref().filter(|s| s.validates_requests()) else { return Ok(()) };
+        let body = match spec.needs_body(request.method(), request.uri().path()) {
+            true => Some(limit.buffer(request).await?),
+            false => None,
+        };
+        let uri = request.uri();
+        spec.validate_request(request.method(), uri.path(), uri.query(), request.headers(), body.as_deref())
+            .map_err(|failure| Stop::Respond("openapi", failure.into_response()))
+    }
+
+    async fn validate_response(
+        &self,
+        method: &Method,
+        path: &str,
+        response: Response<ProxyBody>,
+    ) -> Result<Response<ProxyBody>, Stop> {
+        let Some(spec) = self.openapi.as_ref().filter(|s| s.validates_responses()) else { return Ok(response) };
+        if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+            return Ok(response);
+        }
+        let (parts, body) = response.into_parts();
+        let bytes = match http_body_util::Limited::new(body, RESPONSE_BUFFER_LIMIT).collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(e) => {
+                tracing::warn!(api = %self.api, error = %e, "upstream response could not be read for validation");
+                return Err(Stop::Reject(
+                    Rejection::new("openapi", StatusCode::BAD_GATEWAY, "bad-gateway", "Bad gateway")
+                        .detail("The upstream response could not be validated."),
+                ));
+            }
+        };
+        if let Err(failure) = spec.validate_response(method, path, parts.status, &parts.headers, &bytes) {
+            tracing::warn!(api = %self.api, %failure, "upstream response violates the API's spec");
+            return Err(Stop::Respond("openapi", failure.into_response()));
+        }
+        let mut response = Response::from_parts(parts, full_body(bytes));
+        // The body is now whole: its length is known even if the upstream streamed it.
+        response.headers_mut().remove(header::TRANSFER_ENCODING);
+        Ok(response)
+    }
+
+    fn rejected(&self, rejection: Rejection, instance: &str) -> Response<ProxyBody> {
+        self.count_rejection(rejection.policy, rejection.status);
+        tracing::debug!(api = %self.api, policy = rejection.policy, status = %rejection.status, detail = %rejection.detail, "request refused by policy");
+        rejection.into_response(instance)
+    }
+
+    fn count_rejection(&self, policy: &'static str, status: StatusCode) {
+        metrics::counter!(
+            "sluice_policy_rejections_total",
+            "api" => self.api.to_string(),
+            "policy" => policy,
+            "status" => status.as_str().to_string()
+        )
+        .increment(1);
+    }
+}
+
+/// The gateway's `RateLimit-*` values replace any the upstream sent: the
+/// client must see the limit it is actually held to.
+fn replace_headers(target: &mut HeaderMap, from: HeaderMap) {
+    let mut last = None;
+    for (name, value) in from {
+        match (name, &last) {
+            (Some(name), _) => {
+                target.insert(&name, value);
+                last = Some(name);
+            }
+            (None, Some(name)) => {
+                target.append(name, value);
+            }
+            (None, None) => {}
+        }
+    }
+}
+
+impl BodyLimit {
+    fn explain(&self, error: ProxyError) -> Stop {
+        if self.tripped() { Stop::Reject(self.rejection()) } else { Stop::Fail(error) }
+    }
+}
+
+/// Compile-time guard: the request future must stay `Send` for hyper's
+/// executor, and when it is not, the error surfaces far away in `proxy.rs` as
+/// a missing `graceful_shutdown`. This fails right here instead.
+#[allow(dead_code)]
+fn apply_is_send(chain: &PolicyChain, request: Request<RequestBody>, consumer: &mut Option<String>) {
+    fn send<T: Send>(_: T) {}
+    let forward = |_| async { Err::<Response<ProxyBody>, _>(ProxyError::NotReady) };
+    send(chain.apply(request, IpAddr::from([127, 0, 0, 1]), consumer, forward));
+}

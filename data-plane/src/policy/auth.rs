@@ -1,0 +1,278 @@
+//! Authentication, the policy chain's step after the size limit and before
+//! the rate limit: whichever of `api_key`, `jwt` and `basic_auth` an API has,
+//! a request passes when it satisfies one it presents credentials for. On
+//! success the credentials are removed before forwarding and the consumer is
+//! named in `X-Consumer-Username`; otherwise 401 with one challenge per method.
+
+use std::sync::Arc;
+
+use http::header::AUTHORIZATION;
+use http::uri::PathAndQuery;
+use http::{HeaderName, HeaderValue, Request, StatusCode, Uri, header};
+
+use super::api_key::{ApiKeyAuth, remove_query_param};
+use super::basic_auth::{BasicAuth, Presented};
+use super::jwt::JwtAuth;
+use super::problem::Rejection;
+use crate::upstream::RequestBody;
+
+/// Set by the gateway for the upstream; a client-sent value is always dropped
+/// so nobody can claim to be a consumer by sending the header.
+pub const X_CONSUMER_USERNAME: HeaderName = HeaderName::from_static("x-consumer-username");
+
+#[derive(Debug, Default)]
+pub struct Authentication {
+    pub basic: Option<BasicAuth>,
+    pub api_key: Option<ApiKeyAuth>,
+    pub jwt: Option<JwtAuth>,
+}
+
+impl Authentication {
+    pub fn is_configured(&self) -> bool {
+        self.basic.is_some() || self.api_key.is_some() || self.jwt.is_some()
+    }
+
+    /// The consumer, `None` when the API has no authentication. Methods are
+    /// tried cheapest first (one HMAC, one signature check, then basic, whose
+    /// first sight of a credential costs an argon2 run).
+    pub async fn authenticate(&self, request: &mut Request<RequestBody>) -> Result<Option<Arc<str>>, Rejection> {
+        request.headers_mut().remove(X_CONSUMER_USERNAME);
+        if !self.is_configured() {
+            return Ok(None);
+        }
+        let mut presented = false;
+        let mut failures: Vec<String> = Vec::new();
+        let mut consumer = None;
+
+        if let Some(api_key) = &self.api_key
+            && let Some(key) = api_key.presented(request.headers(), request.uri().query())
+        {
+            presented = true;
+            consumer = api_key.verify(&key);
+            if consumer.is_none() {
+                failures.push("the API key is not valid".into());
+            }
+        }
+        let authorization = request.headers().get(AUTHORIZATION).cloned();
+        if consumer.is_none()
+            && let Some(jwt) = &self.jwt
+            && let Some(token) = authorization.as_ref().and_then(JwtAuth::presented)
+        {
+            presented = true;
+            match jwt.verify(token) {
+                Ok(found) => consumer = Some(found),
+                Err(why) => failures.push(why.to_string()),
+            }
+        }
+        if consumer.is_none()
+            && let Some(basic) = &self.basic
+            && let Some(credentials) = authorization.as_ref().and_then(BasicAuth::presented)
+        {
+            presented = true;
+            match credentials {
+                Presented::Credentials(credentials) => {
+                    consumer = basic.verify(&credentials).await;
+                    if consumer.is_none() {
+                        failures.push("the username or password is wrong".into());
+                    }
+                }
+                Presented::Malformed => failures.push("the Basic credentials are malformed".into()),
+            }
+        }
+
+        let Some(consumer) = consumer else {
+            return Err(self.unauthorized(presented, &failures));
+        };
+        self.strip_credentials(request)?;
+        match HeaderValue::from_str(&consumer) {
+            Ok(value) => {
+                request.headers_mut().insert(X_CONSUMER_USERNAME, value);
+            }
+            Err(_) => tracing::warn!(%consumer, "consumer name cannot be sent in X-Consumer-Username"),
+        }
+        Ok(Some(consumer))
+    }
+
+    /// Removes every credential this API reads, used or not: the upstream
+    /// trusts the gateway's word (X-Consumer-Username), and a secret it never
+    /// needs should not reach its logs.
+    fn strip_credentials(&self, request: &mut Request<RequestBody>) -> Result<(), Rejection> {
+        if self.basic.is_some() || self.jwt.is_some() {
+            request.headers_mut().remove(AUTHORIZATION);
+        }
+        let Some(api_key) = &self.api_key else { return Ok(()) };
+        if let Some(name) = api_key.header() {
+            request.headers_mut().remove(name);
+        }
+        if let (Some(param), Some(query)) = (api_key.query_param(), request.uri().query()) {
+            let path = request.uri().path();
+            let rewritten = match remove_query_param(query, param) {
+                Some(rest) => format!("{path}?{rest}"),
+                None => path.to_string(),
+            };
+            let mut parts = request.uri().clone().into_parts();
+            parts.path_and_query = PathAndQuery::try_from(rewritten).ok();
+            // Fail closed: a request whose key cannot be removed is not forwarded.
+            let uri = Uri::from_parts(parts).map_err(|_| {
+                Rejection::new("api_key", StatusCode::BAD_REQUEST, "bad-request", "Bad request")
+                    .detail("The request target cannot be rewritten.")
+            })?;
+            *request.uri_mut() = uri;
+        }
+        Ok(())
+    }
+
+    fn unauthorized(&self, presented: bool, failures: &[String]) -> Rejection {
+        let policy = match (&self.api_key, &self.jwt, &self.basic) {
+            (Some(_), None, None) => "api_key",
+            (None, Some(_), None) => "jwt",
+            (None, None, Some(_)) => "basic_auth",
+            _ => "authentication",
+        };
+        let detail = if presented {
+            format!("Authentication failed: {}.", failures.join("; "))
+        } else {
+            "This API requires credentials; see WWW-Authenticate for the accepted methods.".to_string()
+        };
+        let mut rejection =
+            Rejection::new(policy, StatusCode::UNAUTHORIZED, "unauthorized", "Unauthorized").detail(detail);
+        let challenges = [
+            self.api_key.as_ref().map(ApiKeyAuth::challenge),
+            self.jwt.as_ref().map(JwtAuth::challenge),
+            self.basic.as_ref().map(BasicAuth::challenge),
+        ];
+        for challenge in challenges.into_iter().flatten() {
+            rejection.headers.push((header::WWW_AUTHENTICATE, challenge.clone()));
+        }
+        rejection
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::type_complexity)]
+mod tests {
+    use base64::Engine as _;
+    use base64::engine::general_purpose::STANDARD;
+    use hmac::{Hmac, Mac as _};
+    use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
+    use sha2::Sha256;
+    use sluice_proto::v1;
+
+    use super::*;
+    use crate::policy::problem::full_body_request;
+
+    fn snapshot() -> v1::Snapshot {
+        let mut mac = Hmac::<Sha256>::new_from_slice(b"k").unwrap();
+        mac.update(b"ann-key");
+        let params = argon2::Params::new(1024, 1, 1, None).unwrap();
+        let argon = argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params);
+        let phc = argon2::PasswordHasher::hash_password(&argon, b"pw").unwrap().to_string();
+        v1::Snapshot {
+            api_key_hmac_key: b"k".to_vec(),
+            consumers: vec![v1::Consumer {
+                username: "ann".into(),
+                basic_auth_password_hash: phc,
+                api_key_digests: vec![hex::encode(mac.finalize().into_bytes())],
+                jwt_credentials: vec![v1::JwtCredential {
+                    key: "ann".into(),
+                    algorithm: "HS256".into(),
+                    secret: "jwt-secret".into(),
+                    public_key_pem: String::new(),
+                }],
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn all_methods() -> Authentication {
+        let s = snapshot();
+        Authentication {
+            basic: Some(BasicAuth::compile(&v1::BasicAuth::default(), "shop", &s.consumers, None).unwrap()),
+            api_key: Some(
+                ApiKeyAuth::compile(
+                    &v1::ApiKeyAuth { header: "x-api-key".into(), query_param: "key".into() },
+                    "shop",
+                    &s,
+                )
+                .unwrap(),
+            ),
+            jwt: Some(JwtAuth::compile(&v1::JwtAuth::default(), "shop", &s.consumers).unwrap()),
+        }
+    }
+
+    fn request(uri: &str, headers: &[(&str, &str)]) -> Request<RequestBody> {
+        let mut request = Request::new(full_body_request(bytes::Bytes::new()));
+        *request.uri_mut() = uri.parse().unwrap();
+        for (k, v) in headers {
+            request.headers_mut().append(HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
+        }
+        request
+    }
+
+    #[tokio::test]
+    async fn any_presented_method_table() {
+        let auth = all_methods();
+        let basic = |cred: &str| format!("Basic {}", STANDARD.encode(cred));
+        let exp = jsonwebtoken::get_current_timestamp() + 60;
+        let token = encode(
+            &Header::new(Algorithm::HS256),
+            &serde_json::json!({"iss": "ann", "exp": exp}),
+            &EncodingKey::from_secret(b"jwt-secret").unwrap(),
+        )
+        .unwrap();
+        let bearer = format!("Bearer {token}");
+        // (uri, headers, passes, upstream path)
+        let cases: Vec<(&str, Vec<(&str, String)>, bool, &str)> = vec![
+            ("/a", vec![("authorization", basic("ann:pw"))], true, "/a"),
+            ("/a", vec![("authorization", bearer.clone())], true, "/a"),
+            ("/a", vec![("x-api-key", "ann-key".into())], true, "/a"),
+            ("/a?x=1&key=ann-key", vec![], true, "/a?x=1"),
+            ("/a?key=ann-key", vec![], true, "/a"),
+            // A bad key, but good basic credentials: one satisfied method is enough.
+            ("/a", vec![("x-api-key", "bad".into()), ("authorization", basic("ann:pw"))], true, "/a"),
+            ("/a", vec![("authorization", basic("ann:nope"))], false, ""),
+            ("/a", vec![("authorization", "Basic %%%".into())], false, ""),
+            ("/a", vec![("authorization", "Bearer x.y.z".into())], false, ""),
+            ("/a", vec![("authorization", "Digest foo".into())], false, ""),
+            ("/a", vec![], false, ""),
+        ];
+        for (uri, headers, passes, upstream_path) in cases {
+            let mut headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            headers.push(("x-consumer-username", "admin"));
+            let mut req = request(uri, &headers);
+            match auth.authenticate(&mut req).await {
+                Ok(consumer) => {
+                    assert!(passes, "{uri} {headers:?} passed");
+                    assert_eq!(consumer.as_deref(), Some("ann"));
+                    assert_eq!(req.headers()[X_CONSUMER_USERNAME], "ann");
+                    assert!(!req.headers().contains_key(AUTHORIZATION), "{headers:?}");
+                    assert!(!req.headers().contains_key("x-api-key"), "{headers:?}");
+                    assert_eq!(req.uri().path_and_query().unwrap().as_str(), upstream_path);
+                }
+                Err(rejection) => {
+                    assert!(!passes, "{uri} {headers:?} rejected: {}", rejection.detail);
+                    assert_eq!(rejection.status, StatusCode::UNAUTHORIZED);
+                    assert_eq!(rejection.headers.iter().filter(|(n, _)| n == header::WWW_AUTHENTICATE).count(), 3);
+                }
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn no_auth_still_drops_spoofed_consumer() {
+        let mut req = request("/a", &[("x-consumer-username", "admin"), ("authorization", "Bearer upstream-token")]);
+        assert_eq!(Authentication::default().authenticate(&mut req).await.unwrap(), None);
+        assert!(!req.headers().contains_key(X_CONSUMER_USERNAME));
+        // Without an auth policy the Authorization header is the upstream's.
+        assert!(req.headers().contains_key(AUTHORIZATION));
+    }
+
+    #[tokio::test]
+    async fn missing_versus_invalid_detail() {
+        let auth = all_methods();
+        let missing = auth.authenticate(&mut request("/a", &[])).await.unwrap_err();
+        assert!(missing.detail.contains("requires credentials"), "{}", missing.detail);
+        let invalid = auth.authenticate(&mut request("/a", &[("x-api-key", "bad")])).await.unwrap_err();
+        assert!(invalid.detail.contains("API key is not valid"), "{}", invalid.detail);
+    }
+}

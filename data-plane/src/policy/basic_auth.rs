@@ -1,0 +1,280 @@
+//! `basic_auth`, one of the authentication steps of the policy chain:
+//! `Authorization: Basic` checked against consumers' argon2 hashes. Argon2 is
+//! slow on purpose, so each good credential is verified once (on the blocking
+//! pool) and then remembered by a keyed digest; the hot path for a known
+//! client costs one HMAC and one map lookup, like an API key.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use argon2::password_hash::phc::PasswordHash;
+use argon2::{Argon2, PasswordVerifier as _};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use hmac::{Hmac, Mac as _};
+use http::HeaderValue;
+use sha2::Sha256;
+use sluice_proto::v1;
+use tokio::sync::Semaphore;
+
+/// Verified credentials remembered per process. At 10,000 distinct good
+/// credentials the oldest-known is not tracked; an arbitrary one is dropped
+/// instead, which only costs that client one more argon2 run.
+const CACHE_CAPACITY: usize = 10_000;
+
+#[derive(Debug)]
+struct User {
+    name: Arc<str>,
+    phc: Arc<str>,
+    hash: PasswordHash,
+}
+
+/// What `Authorization: Basic ...` carried.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Presented {
+    /// `user:password` as decoded (the password may be any bytes).
+    Credentials(Vec<u8>),
+    /// The Basic scheme with a value that is not base64 `user:password`.
+    Malformed,
+}
+
+#[derive(Debug)]
+pub struct BasicAuth {
+    challenge: HeaderValue,
+    users: HashMap<String, Arc<User>>,
+    cache: Arc<LoginCache>,
+}
+
+impl BasicAuth {
+    /// `previous` hands over the verified-credential cache, so a snapshot
+    /// swap does not send every client through argon2 again. That is safe
+    /// because a cache entry only counts while the consumer's current hash is
+    /// the one it was verified against.
+    pub fn compile(
+        spec: &v1::BasicAuth,
+        api: &str,
+        consumers: &[v1::Consumer],
+        previous: Option<&BasicAuth>,
+    ) -> Result<Self, String> {
+        let realm = if spec.realm.is_empty() { api } else { spec.realm.as_str() };
+        let challenge =
+            HeaderValue::from_str(&format!("Basic realm=\"{}\", charset=\"UTF-8\"", realm.replace('"', "'")))
+                .map_err(|_| format!("realm `{realm}` cannot be sent in a header"))?;
+        let mut users = HashMap::new();
+        for consumer in consumers.iter().filter(|c| !c.basic_auth_password_hash.is_empty()) {
+            let hash = PasswordHash::new(&consumer.basic_auth_password_hash)
+                .map_err(|e| format!("consumer `{}`: the password hash is not a PHC string: {e}", consumer.username))?;
+            let user = User {
+                name: consumer.username.as_str().into(),
+                phc: consumer.basic_auth_password_hash.as_str().into(),
+                hash,
+            };
+            users.insert(consumer.username.clone(), Arc::new(user));
+        }
+        let cache = previous.map_or_else(|| Arc::new(LoginCache::new()), |p| p.cache.clone());
+        Ok(BasicAuth { challenge, users, cache })
+    }
+
+    pub fn challenge(&self) -> &HeaderValue {
+        &self.challenge
+    }
+
+    /// `None` when the Authorization header is not of the Basic scheme: then
+    /// the client presented no basic credentials at all.
+    pub fn presented(authorization: &HeaderValue) -> Option<Presented> {
+        let text = authorization.to_str().ok()?;
+        let (scheme, token) = text.trim().split_once(' ').unwrap_or((text.trim(), ""));
+        if !scheme.eq_ignore_ascii_case("basic") {
+            return None;
+        }
+        match STANDARD.decode(token.trim()) {
+            Ok(decoded) if decoded.contains(&b':') => Some(Presented::Credentials(decoded)),
+            _ => Some(Presented::Malformed),
+        }
+    }
+
+    /// The consumer whose password this is. Unknown users fail at once
+    /// (which tells a prober which usernames exist, by timing; accepted, as
+    /// usernames are not secrets here). Failures are never cached: a cache of
+    /// bad guesses would only help a guesser. Throttling guessers is left to
+    /// `rate_limit` keyed by IP.
+    pub async fn verify(&self, credentials: &[u8]) -> Option<Arc<str>> {
+        let colon = credentials.iter().position(|b| *b == b':')?;
+        let username = std::str::from_utf8(&credentials[..colon]).ok()?;
+        let user = self.users.get(username)?;
+        let digest = self.cache.digest(credentials);
+        if self.cache.knows(&digest, &user.phc) {
+            return Some(user.name.clone());
+        }
+        // Bounded so a burst of wrong passwords (each an argon2 run of tens of
+        // MiB) cannot take every blocking thread and all memory.
+        let _permit = self.cache.verifying.acquire().await.ok()?;
+        let password = credentials[colon + 1..].to_vec();
+        let checked = user.clone();
+        let good =
+            tokio::task::spawn_blocking(move || Argon2::default().verify_password(&password, &checked.hash).is_ok())
+                .await
+                .unwrap_or(false);
+        if !good {
+            return None;
+        }
+        self.cache.remember(digest, user.phc.clone());
+        Some(user.name.clone())
+    }
+}
+
+/// Digests of credentials that passed argon2, each with the hash it passed
+/// against. Keyed by HMAC under a per-process random key, so the map holds
+/// nothing an attacker could test guesses against if memory leaked.
+pub struct LoginCache {
+    key: [u8; 32],
+    entries: RwLock<HashMap<[u8; 32], Arc<str>>>,
+    verifying: Semaphore,
+}
+
+impl std::fmt::Debug for LoginCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let size = self.entries.read().map_or(0, |e| e.len());
+        f.debug_struct("LoginCache").field("entries", &size).finish_non_exhaustive()
+    }
+}
+
+impl LoginCache {
+    fn new() -> Self {
+        let parallelism = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
+        LoginCache { key: rand::random(), entries: RwLock::default(), verifying: Semaphore::new(parallelism) }
+    }
+
+    fn digest(&self, credentials: &[u8]) -> [u8; 32] {
+        let mut mac = match Hmac::<Sha256>::new_from_slice(&self.key) {
+            Ok(mac) => mac,
+            Err(_) => unreachable!("HMAC takes keys of any length"),
+        };
+        mac.update(credentials);
+        mac.finalize().into_bytes().into()
+    }
+
+    /// True when this credential passed against `phc`, the user's current
+    /// hash: a changed password makes old entries useless at once.
+    fn knows(&self, digest: &[u8; 32], phc: &Arc<str>) -> bool {
+        let Ok(entries) = self.entries.read() else { return false };
+        entries.get(digest).is_some_and(|known| Arc::ptr_eq(known, phc) || known == phc)
+    }
+
+    fn remember(&self, digest: [u8; 32], phc: Arc<str>) {
+        let Ok(mut entries) = self.entries.write() else { return };
+        if entries.len() >= CACHE_CAPACITY
+            && !entries.contains_key(&digest)
+            && let Some(victim) = entries.keys().next().copied()
+        {
+            entries.remove(&victim);
+        }
+        entries.insert(digest, phc);
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.entries.read().map_or(0, |e| e.len())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::type_complexity)]
+mod tests {
+    use super::*;
+    use argon2::PasswordHasher as _;
+
+    fn phc(password: &str) -> String {
+        // Cheap parameters keep the test fast; verification reads them from the PHC string.
+        let params = argon2::Params::new(1024, 1, 1, None).unwrap();
+        let argon = Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params);
+        argon.hash_password(password.as_bytes()).unwrap().to_string()
+    }
+
+    fn consumer(name: &str, hash: String) -> v1::Consumer {
+        v1::Consumer { username: name.into(), basic_auth_password_hash: hash, ..Default::default() }
+    }
+
+    fn header(value: &str) -> HeaderValue {
+        HeaderValue::from_str(value).unwrap()
+    }
+
+    #[test]
+    fn presented_table() {
+        let ok = format!("Basic {}", STANDARD.encode("ann:s3cr:et"));
+        let cases: Vec<(String, Option<Presented>)> = vec![
+            (ok.clone(), Some(Presented::Credentials(b"ann:s3cr:et".to_vec()))),
+            (ok.replace("Basic", "basic"), Some(Presented::Credentials(b"ann:s3cr:et".to_vec()))),
+            ("Basic !!!".into(), Some(Presented::Malformed)),
+            (format!("Basic {}", STANDARD.encode("no-colon")), Some(Presented::Malformed)),
+            ("Basic".into(), Some(Presented::Malformed)),
+            ("Bearer abc.def.ghi".into(), None),
+            ("garbage".into(), None),
+        ];
+        for (value, want) in cases {
+            assert_eq!(BasicAuth::presented(&header(&value)), want, "{value}");
+        }
+    }
+
+    #[tokio::test]
+    async fn verify_table_and_cache() {
+        let consumers =
+            vec![consumer("ann", phc("right")), consumer("bob", phc("other")), consumer("nopass", String::new())];
+        let auth = BasicAuth::compile(&v1::BasicAuth::default(), "shop", &consumers, None).unwrap();
+        assert_eq!(auth.challenge(), "Basic realm=\"shop\", charset=\"UTF-8\"");
+        let cases: &[(&[u8], Option<&str>)] = &[
+            (b"ann:right", Some("ann")),
+            (b"ann:wrong", None),
+            (b"bob:right", None),
+            (b"bob:other", Some("bob")),
+            (b"nobody:right", None),
+            (b"nopass:", None),
+            (b"ann:", None),
+        ];
+        for (credentials, want) in cases {
+            let got = auth.verify(credentials).await;
+            assert_eq!(got.as_deref(), *want, "{}", String::from_utf8_lossy(credentials));
+        }
+        // Only good credentials are remembered.
+        assert_eq!(auth.cache.len(), 2);
+        assert_eq!(auth.verify(b"ann:right").await.as_deref(), Some("ann"));
+    }
+
+    #[tokio::test]
+    async fn cache_survives_swap_but_not_a_password_change() {
+        let first = BasicAuth::compile(&v1::BasicAuth::default(), "a", &[consumer("ann", phc("old"))], None).unwrap();
+        assert!(first.verify(b"ann:old").await.is_some());
+
+        // Same hash in the next snapshot: the entry is carried over and used.
+        let same_hash = first.users["ann"].phc.to_string();
+        let second =
+            BasicAuth::compile(&v1::BasicAuth::default(), "a", &[consumer("ann", same_hash)], Some(&first)).unwrap();
+        assert!(Arc::ptr_eq(&first.cache, &second.cache));
+        let digest = second.cache.digest(b"ann:old");
+        assert!(second.cache.knows(&digest, &second.users["ann"].phc));
+
+        // Password changed: the cached entry no longer counts and argon2 says no.
+        let third =
+            BasicAuth::compile(&v1::BasicAuth::default(), "a", &[consumer("ann", phc("new"))], Some(&second)).unwrap();
+        assert!(!third.cache.knows(&digest, &third.users["ann"].phc));
+        assert!(third.verify(b"ann:old").await.is_none());
+        assert!(third.verify(b"ann:new").await.is_some());
+    }
+
+    #[test]
+    fn cache_is_bounded() {
+        let cache = LoginCache::new();
+        let phc: Arc<str> = "x".into();
+        for i in 0..(CACHE_CAPACITY + 50) {
+            cache.remember(cache.digest(format!("u:{i}").as_bytes()), phc.clone());
+        }
+        assert_eq!(cache.len(), CACHE_CAPACITY);
+    }
+
+    #[test]
+    fn bad_hash_fails_compile() {
+        let err =
+            BasicAuth::compile(&v1::BasicAuth::default(), "a", &[consumer("ann", "plain".into())], None).unwrap_err();
+        assert!(err.contains("consumer `ann`"), "{err}");
+    }
+}

@@ -1,0 +1,359 @@
+//! `jwt`, one of the authentication steps of the policy chain: a bearer token
+//! verified against the key of the consumer it names (by `kid`, or by the key
+//! claim, `iss` by default). Decoding keys and validation rules are built once
+//! per snapshot; a request costs one signature check.
+
+use std::collections::HashMap;
+use std::str::FromStr as _;
+use std::sync::Arc;
+
+use http::HeaderValue;
+use jsonwebtoken::errors::ErrorKind;
+use jsonwebtoken::{Algorithm, AlgorithmFamily, DecodingKey, Validation};
+use sluice_proto::v1;
+
+struct ConsumerKey {
+    consumer: Arc<str>,
+    key: DecodingKey,
+    validation: Validation,
+}
+
+impl std::fmt::Debug for ConsumerKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConsumerKey")
+            .field("consumer", &self.consumer)
+            .field("algorithms", &self.validation.algorithms)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug)]
+pub struct JwtAuth {
+    key_claim: String,
+    keys: HashMap<String, ConsumerKey>,
+    challenge: HeaderValue,
+}
+
+/// Why a token was refused; the text goes to the client (no secrets in it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JwtRejection {
+    #[error("the token is malformed or uses an unsupported algorithm")]
+    Malformed,
+    #[error("the token names no known key (by `kid` or the `{0}` claim)")]
+    UnknownKey(String),
+    #[error("the token's algorithm is not accepted for its key")]
+    Algorithm,
+    #[error("the token's signature is invalid")]
+    Signature,
+    #[error("the token has expired")]
+    Expired,
+    #[error("the token is not valid yet")]
+    NotYetValid,
+    #[error("the token's audience is not accepted")]
+    Audience,
+    #[error("the token's issuer is not accepted")]
+    Issuer,
+    #[error("the token lacks the required claim `{0}`")]
+    MissingClaim(String),
+    #[error("the token is invalid")]
+    Invalid,
+}
+
+impl JwtAuth {
+    pub fn compile(spec: &v1::JwtAuth, api: &str, consumers: &[v1::Consumer]) -> Result<Self, String> {
+        let accepted = spec
+            .algorithms
+            .iter()
+            .map(|a| Algorithm::from_str(a).map_err(|_| format!("unsupported algorithm `{a}`")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut keys = HashMap::new();
+        for consumer in consumers {
+            for credential in &consumer.jwt_credentials {
+                let at = || format!("consumer `{}` JWT key `{}`", consumer.username, credential.key);
+                let algorithm = Algorithm::from_str(&credential.algorithm)
+                    .map_err(|_| format!("{}: unsupported algorithm `{}`", at(), credential.algorithm))?;
+                // A key whose algorithm this API does not accept can never
+                // verify here; leaving it out keeps the lookup honest.
+                if !accepted.is_empty() && !accepted.contains(&algorithm) {
+                    continue;
+                }
+                let key = decoding_key(algorithm, credential).map_err(|e| format!("{}: {e}", at()))?;
+                let validation = validation(spec, algorithm);
+                let consumer = consumer.username.as_str().into();
+                keys.insert(credential.key.clone(), ConsumerKey { consumer, key, validation });
+            }
+        }
+        let challenge = HeaderValue::from_str(&format!("Bearer realm=\"{}\"", api.replace('"', "'")))
+            .map_err(|_| format!("API name `{api}` cannot be sent in a header"))?;
+        let key_claim = if spec.key_claim.is_empty() { "iss".to_string() } else { spec.key_claim.clone() };
+        Ok(JwtAuth { key_claim, keys, challenge })
+    }
+
+    pub fn challenge(&self) -> &HeaderValue {
+        &self.challenge
+    }
+
+    /// The token of an `Authorization: Bearer` header; `None` for any other scheme.
+    pub fn presented(authorization: &HeaderValue) -> Option<&str> {
+        let text = authorization.to_str().ok()?.trim();
+        let (scheme, token) = text.split_once(' ')?;
+        scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+    }
+
+    pub fn verify(&self, token: &str) -> Result<Arc<str>, JwtRejection> {
+        // `alg: none` and unknown algorithms fail here: jsonwebtoken's
+        // Algorithm has no `none`, so such a header does not parse.
+        let header = jsonwebtoken::decode_header(token).map_err(|_| JwtRejection::Malformed)?;
+        let by_kid = header.kid.as_deref().and_then(|kid| self.keys.get(kid));
+        let key = match by_kid {
+            Some(key) => key,
+            None => {
+                // Reading the claim before verifying is only for choosing the
+                // key; the claims are trusted after `decode` below.
+                let claims: serde_json::Value =
+                    jsonwebtoken::dangerous::insecure_decode_claims(token).map_err(|_| JwtRejection::Malformed)?;
+                claims
+                    .get(&self.key_claim)
+                    .and_then(serde_json::Value::as_str)
+                    .and_then(|name| self.keys.get(name))
+                    .ok_or_else(|| JwtRejection::UnknownKey(self.key_claim.clone()))?
+            }
+        };
+        match jsonwebtoken::decode::<serde_json::Value>(token, &key.key, &key.validation) {
+            Ok(_) => Ok(key.consumer.clone()),
+            Err(e) => Err(match e.kind() {
+                ErrorKind::InvalidAlgorithm => JwtRejection::Algorithm,
+                ErrorKind::InvalidSignature => JwtRejection::Signature,
+                ErrorKind::ExpiredSignature => JwtRejection::Expired,
+                ErrorKind::ImmatureSignature => JwtRejection::NotYetValid,
+                ErrorKind::InvalidAudience => JwtRejection::Audience,
+                ErrorKind::InvalidIssuer => JwtRejection::Issuer,
+                ErrorKind::MissingRequiredClaim(claim) => JwtRejection::MissingClaim(claim.clone()),
+                ErrorKind::InvalidToken | ErrorKind::Base64(_) | ErrorKind::Json(_) | ErrorKind::Utf8(_) => {
+                    JwtRejection::Malformed
+                }
+                _ => JwtRejection::Invalid,
+            }),
+        }
+    }
+}
+
+fn decoding_key(algorithm: Algorithm, credential: &v1::JwtCredential) -> Result<DecodingKey, String> {
+    let pem = credential.public_key_pem.as_bytes();
+    let key = match algorithm.family() {
+        AlgorithmFamily::Hmac if credential.secret.is_empty() => return Err("an HMAC key needs a secret".into()),
+        AlgorithmFamily::Hmac => DecodingKey::from_secret(credential.secret.as_bytes()),
+        AlgorithmFamily::Rsa => DecodingKey::from_rsa_pem(pem),
+        AlgorithmFamily::Ec => DecodingKey::from_ec_pem(pem),
+        AlgorithmFamily::Ed => DecodingKey::from_ed_pem(pem),
+    };
+    key.map_err(|e| format!("the key cannot be loaded: {e}"))
+}
+
+/// One algorithm per key, never a family: accepting the family would let a
+/// token choose, e.g., HS256 with an RSA public key as the HMAC secret.
+fn validation(spec: &v1::JwtAuth, algorithm: Algorithm) -> Validation {
+    let mut validation = Validation::new(algorithm);
+    validation.leeway = spec.leeway_seconds;
+    validation.validate_exp = true;
+    validation.validate_nbf = true;
+    let mut required = vec!["exp"];
+    if !spec.issuer.is_empty() {
+        validation.set_issuer(&[spec.issuer.as_str()]);
+        required.push("iss");
+    }
+    if spec.audiences.is_empty() {
+        // Without configured audiences a token's `aud` is the upstream's business.
+        validation.validate_aud = false;
+    } else {
+        validation.set_audience(&spec.audiences);
+        required.push("aud");
+    }
+    validation.set_required_spec_claims(&required);
+    validation
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::type_complexity)]
+mod tests {
+    use base64::Engine as _;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use jsonwebtoken::{EncodingKey, Header, encode};
+    use serde_json::json;
+
+    use super::*;
+
+    fn now() -> i64 {
+        i64::try_from(jsonwebtoken::get_current_timestamp()).unwrap()
+    }
+
+    fn credential(key: &str, algorithm: &str, secret: &str, public_key_pem: &str) -> v1::JwtCredential {
+        v1::JwtCredential {
+            key: key.into(),
+            algorithm: algorithm.into(),
+            secret: secret.into(),
+            public_key_pem: public_key_pem.into(),
+        }
+    }
+
+    fn sign(alg: Algorithm, kid: Option<&str>, claims: &serde_json::Value, key: &EncodingKey) -> String {
+        let mut header = Header::new(alg);
+        header.kid = kid.map(str::to_string);
+        encode(&header, claims, key).unwrap()
+    }
+
+    #[test]
+    fn verify_table() {
+        let ec = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let ed = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
+        let consumers = vec![
+            v1::Consumer {
+                username: "ann".into(),
+                jwt_credentials: vec![credential("ann-iss", "HS256", "ann-secret", "")],
+                ..Default::default()
+            },
+            v1::Consumer {
+                username: "bob".into(),
+                jwt_credentials: vec![
+                    credential("bob-ec", "ES256", "", &ec.public_key_pem()),
+                    credential("bob-ed", "EdDSA", "", &ed.public_key_pem()),
+                ],
+                ..Default::default()
+            },
+        ];
+        let spec = v1::JwtAuth { audiences: vec!["shop".into()], leeway_seconds: 30, ..Default::default() };
+        let auth = JwtAuth::compile(&spec, "shop", &consumers).unwrap();
+
+        let hs = EncodingKey::from_secret(b"ann-secret").unwrap();
+        let ec_key = EncodingKey::from_ec_pem(ec.serialize_pem().as_bytes()).unwrap();
+        let ed_key = EncodingKey::from_ed_pem(ed.serialize_pem().as_bytes()).unwrap();
+        let t = now();
+        let good = json!({"iss": "ann-iss", "aud": "shop", "exp": t + 60});
+        let none_token = format!(
+            "{}.{}.",
+            URL_SAFE_NO_PAD.encode(r#"{"alg":"none","typ":"JWT"}"#),
+            URL_SAFE_NO_PAD.encode(good.to_string())
+        );
+        // The public key used as an HMAC secret: the classic algorithm-confusion attack.
+        let confusion = EncodingKey::from_secret(ec.public_key_pem().as_bytes()).unwrap();
+
+        let cases: Vec<(&str, String, Result<&str, JwtRejection>)> = vec![
+            ("HS256 by iss", sign(Algorithm::HS256, None, &good, &hs), Ok("ann")),
+            (
+                "ES256 by kid",
+                sign(Algorithm::ES256, Some("bob-ec"), &json!({"aud": "shop", "exp": t + 60}), &ec_key),
+                Ok("bob"),
+            ),
+            (
+                "EdDSA by kid",
+                sign(Algorithm::EdDSA, Some("bob-ed"), &json!({"aud": ["x", "shop"], "exp": t + 60}), &ed_key),
+                Ok("bob"),
+            ),
+            (
+                "expired inside leeway",
+                sign(Algorithm::HS256, None, &json!({"iss": "ann-iss", "aud": "shop", "exp": t - 10}), &hs),
+                Ok("ann"),
+            ),
+            (
+                "expired",
+                sign(Algorithm::HS256, None, &json!({"iss": "ann-iss", "aud": "shop", "exp": t - 300}), &hs),
+                Err(JwtRejection::Expired),
+            ),
+            (
+                "not yet valid",
+                sign(
+                    Algorithm::HS256,
+                    None,
+                    &json!({"iss": "ann-iss", "aud": "shop", "exp": t + 900, "nbf": t + 300}),
+                    &hs,
+                ),
+                Err(JwtRejection::NotYetValid),
+            ),
+            (
+                "wrong signature",
+                sign(Algorithm::HS256, None, &good, &EncodingKey::from_secret(b"other").unwrap()),
+                Err(JwtRejection::Signature),
+            ),
+            (
+                "wrong audience",
+                sign(Algorithm::HS256, None, &json!({"iss": "ann-iss", "aud": "admin", "exp": t + 60}), &hs),
+                Err(JwtRejection::Audience),
+            ),
+            (
+                "no audience",
+                sign(Algorithm::HS256, None, &json!({"iss": "ann-iss", "exp": t + 60}), &hs),
+                Err(JwtRejection::MissingClaim("aud".into())),
+            ),
+            (
+                "no exp",
+                sign(Algorithm::HS256, None, &json!({"iss": "ann-iss", "aud": "shop"}), &hs),
+                Err(JwtRejection::MissingClaim("exp".into())),
+            ),
+            ("alg none", none_token, Err(JwtRejection::Malformed)),
+            (
+                "algorithm confusion",
+                sign(Algorithm::HS256, Some("bob-ec"), &json!({"aud": "shop", "exp": t + 60}), &confusion),
+                Err(JwtRejection::Algorithm),
+            ),
+            (
+                "unknown key",
+                sign(Algorithm::HS256, None, &json!({"iss": "nobody", "aud": "shop", "exp": t + 60}), &hs),
+                Err(JwtRejection::UnknownKey("iss".into())),
+            ),
+            ("garbage", "not-a-token".into(), Err(JwtRejection::Malformed)),
+        ];
+        for (name, token, want) in cases {
+            let got = auth.verify(&token);
+            assert_eq!(got.as_deref().map_err(Clone::clone), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn issuer_and_key_claim() {
+        let consumers = vec![v1::Consumer {
+            username: "ann".into(),
+            jwt_credentials: vec![credential("ann-sub", "HS384", "s", "")],
+            ..Default::default()
+        }];
+        let spec = v1::JwtAuth { issuer: "https://idp.example".into(), key_claim: "sub".into(), ..Default::default() };
+        let auth = JwtAuth::compile(&spec, "shop", &consumers).unwrap();
+        let key = EncodingKey::from_secret(b"s").unwrap();
+        let exp = now() + 60;
+        let ok =
+            sign(Algorithm::HS384, None, &json!({"sub": "ann-sub", "iss": "https://idp.example", "exp": exp}), &key);
+        assert_eq!(auth.verify(&ok).unwrap().as_ref(), "ann");
+        let wrong_iss =
+            sign(Algorithm::HS384, None, &json!({"sub": "ann-sub", "iss": "https://evil", "exp": exp}), &key);
+        assert_eq!(auth.verify(&wrong_iss).unwrap_err(), JwtRejection::Issuer);
+    }
+
+    #[test]
+    fn compile_table() {
+        let with = |c: v1::JwtCredential| {
+            vec![v1::Consumer { username: "u".into(), jwt_credentials: vec![c], ..Default::default() }]
+        };
+        let ok = JwtAuth::compile(&v1::JwtAuth::default(), "a", &with(credential("k", "HS256", "s", ""))).unwrap();
+        assert_eq!(ok.keys.len(), 1);
+        // A key of an algorithm the API does not accept is left out, not an error.
+        let spec = v1::JwtAuth { algorithms: vec!["RS256".into()], ..Default::default() };
+        assert!(JwtAuth::compile(&spec, "a", &with(credential("k", "HS256", "s", ""))).unwrap().keys.is_empty());
+        let err =
+            JwtAuth::compile(&v1::JwtAuth::default(), "a", &with(credential("k", "RS256", "", "junk"))).unwrap_err();
+        assert!(err.contains("consumer `u` JWT key `k`"), "{err}");
+        let err = JwtAuth::compile(&v1::JwtAuth::default(), "a", &with(credential("k", "none", "", ""))).unwrap_err();
+        assert!(err.contains("unsupported algorithm"), "{err}");
+    }
+
+    #[test]
+    fn presented_table() {
+        let cases = [
+            ("Bearer abc.def.ghi", Some("abc.def.ghi")),
+            ("bearer  x ", Some("x")),
+            ("Basic abc", None),
+            ("Bearer", None),
+        ];
+        for (value, want) in cases {
+            assert_eq!(JwtAuth::presented(&HeaderValue::from_static(value)), want, "{value}");
+        }
+    }
+}

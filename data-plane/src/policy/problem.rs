@@ -1,0 +1,91 @@
+//! Policy rejections, the short-circuit exit of the policy chain: each check
+//! returns a [`Rejection`] naming status, problem type and what the client can
+//! do, and the chain turns it into one RFC 9457 problem-details response.
+
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full};
+use serde_json::json;
+
+use crate::upstream::{ProxyBody, RequestBody};
+
+/// Same base as the proxy's own errors, so clients see one family of types.
+const PROBLEM_BASE: &str = "https://sluice.dev/problems/";
+
+/// A request stopped by a policy. Nothing of it has reached the upstream.
+#[derive(Debug)]
+pub struct Rejection {
+    /// The policy that said no, for the rejection metric's label.
+    pub policy: &'static str,
+    pub status: StatusCode,
+    /// Last segment of the problem `type` URI.
+    pub slug: &'static str,
+    pub title: &'static str,
+    pub detail: String,
+    /// Extra response headers (`WWW-Authenticate`, ...); a list, not a
+    /// `HeaderMap`, to keep this small on the hot path's `Result`s.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+}
+
+impl Rejection {
+    pub fn new(policy: &'static str, status: StatusCode, slug: &'static str, title: &'static str) -> Self {
+        Rejection { policy, status, slug, title, detail: String::new(), headers: Vec::new() }
+    }
+
+    pub fn detail(mut self, detail: impl Into<String>) -> Self {
+        self.detail = detail.into();
+        self
+    }
+
+    pub fn into_response(self, instance: &str) -> Response<ProxyBody> {
+        let body = json!({
+            "type": format!("{PROBLEM_BASE}{}", self.slug),
+            "title": self.title,
+            "status": self.status.as_u16(),
+            "detail": self.detail,
+            "instance": instance,
+        });
+        let mut response = Response::new(full_body(Bytes::from(body.to_string())));
+        *response.status_mut() = self.status;
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        for (name, value) in self.headers {
+            headers.append(name, value);
+        }
+        response
+    }
+}
+
+/// A fully known response body in the proxy's body type.
+pub fn full_body(bytes: Bytes) -> ProxyBody {
+    Full::new(bytes).map_err(|never| match never {}).boxed()
+}
+
+/// A fully known request body (a buffered one, or the placeholder left while
+/// the real body is moved into a wrapper).
+pub fn full_body_request(bytes: Bytes) -> RequestBody {
+    Full::new(bytes).map_err(|never| match never {}).boxed()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::type_complexity)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn rejection_is_problem_details() {
+        let mut rejection = Rejection::new("basic_auth", StatusCode::UNAUTHORIZED, "unauthorized", "Unauthorized")
+            .detail("credentials are missing");
+        rejection.headers.push((header::WWW_AUTHENTICATE, HeaderValue::from_static("Basic realm=\"x\"")));
+        let response = rejection.into_response("/shop/a");
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(response.headers()[header::CONTENT_TYPE], "application/problem+json");
+        assert_eq!(response.headers()[header::WWW_AUTHENTICATE], "Basic realm=\"x\"");
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        let body: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(body["status"], 401);
+        assert_eq!(body["type"], "https://sluice.dev/problems/unauthorized");
+        assert_eq!(body["instance"], "/shop/a");
+        assert_eq!(body["detail"], "credentials are missing");
+    }
+}
