@@ -12,3 +12,4 @@ mod test_upstream;
 mod tls;
 mod rate_limit;
 mod policies;
+mod openapi;
