@@ -9,5 +9,6 @@ pub mod specs;
 pub mod certificates;
 pub mod secrets;
 pub mod credentials;
+pub mod sync;
 pub mod store;
 pub mod admin;

@@ -1,0 +1,89 @@
+//! Between the store and the sessions: turns the store's "version N was
+//! committed" signal into the snapshot itself, fetched once per change and
+//! shared by every connected data plane, instead of one database read per node.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_proto::v1;
+use tokio::sync::watch;
+
+use crate::store::Store;
+
+/// The newest snapshot loaded so far; `None` until the first load succeeds.
+pub type Latest = Option<Arc<v1::Snapshot>>;
+
+/// How a burst of commits is folded into one push.
+#[derive(Debug, Clone, Copy)]
+pub struct Coalesce {
+    /// Push once no commit came for this long.
+    pub quiet: Duration,
+    /// Push at the latest this long after the first commit of a burst.
+    pub max_wait: Duration,
+}
+
+/// Upper bound of the retry delay while the store cannot be read.
+const MAX_RETRY: Duration = Duration::from_secs(5);
+
+/// Starts the fan-out task. It ends when `shutdown`'s sender is dropped, when
+/// every receiver is gone, or when the store closes its version channel.
+pub fn spawn(store: Store, coalesce: Coalesce, shutdown: watch::Receiver<()>) -> watch::Receiver<Latest> {
+    let (tx, rx) = watch::channel(None);
+    tokio::spawn(run(store, coalesce, tx, shutdown));
+    rx
+}
+
+async fn run(store: Store, coalesce: Coalesce, tx: watch::Sender<Latest>, mut shutdown: watch::Receiver<()>) {
+    let mut versions = store.subscribe();
+    // Load once at start so the first change is not needed to fill the cache.
+    versions.mark_changed();
+    let mut retry = Duration::from_millis(100);
+    loop {
+        tokio::select! {
+            changed = versions.changed() => if changed.is_err() { return },
+            // Never sent on: resolves (with an error) only when the service is dropped.
+            _ = shutdown.changed() => return,
+            () = tx.closed() => return,
+        }
+        // Let the rest of a burst commit: wait for `coalesce.quiet` without a
+        // commit, but no longer than `coalesce.max_wait`, so a steady stream
+        // of writes still reaches the data planes. The watch keeps only the
+        // newest version, so everything committed meanwhile is one push.
+        let burst_started = tokio::time::Instant::now();
+        loop {
+            tokio::select! {
+                changed = versions.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    if burst_started.elapsed() >= coalesce.max_wait {
+                        break;
+                    }
+                }
+                () = tokio::time::sleep(coalesce.quiet) => break,
+            }
+        }
+        let wanted = *versions.borrow_and_update();
+        if tx.borrow().as_ref().is_some_and(|current| current.version >= wanted) {
+            continue;
+        }
+        match store.latest_snapshot().await {
+            Ok(snapshot) => {
+                retry = Duration::from_millis(100);
+                tx.send_if_modified(|current| {
+                    let newer = current.as_ref().is_none_or(|c| snapshot.version > c.version);
+                    if newer {
+                        *current = Some(Arc::new(snapshot));
+                    }
+                    newer
+                });
+            }
+            Err(error) => {
+                tracing::error!(%error, version = wanted, "cannot load the latest snapshot; retrying in {retry:?}");
+                tokio::time::sleep(retry).await;
+                retry = (retry * 2).min(MAX_RETRY);
+                versions.mark_changed();
+            }
+        }
+    }
+}

@@ -1,0 +1,64 @@
+//! Beside the sessions: the periodic sweep that marks silent nodes
+//! disconnected and forgets nodes unseen for longer than the purge delay.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use super::{SyncOptions, now_ms};
+use crate::store::Store;
+
+/// Starts the sweep; it ends when `shutdown`'s sender is dropped.
+pub fn spawn(store: Store, options: SyncOptions, shutdown: watch::Receiver<()>) {
+    tokio::spawn(run(store, options, shutdown));
+}
+
+async fn run(store: Store, options: SyncOptions, mut shutdown: watch::Receiver<()>) {
+    let mut tick = tokio::time::interval(options.sweep_interval.max(Duration::from_millis(10)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            // Never sent on: resolves only when the service is dropped.
+            _ = shutdown.changed() => return,
+        }
+        sweep(&store, &options).await;
+    }
+}
+
+/// One pass. "Stale" itself is not stored: it is `last_seen` older than
+/// `stale_after`, computed where it is shown. What is stored here is that such
+/// a node is no longer connected: a live stream sends heartbeats (and is
+/// closed after `heartbeat_timeout` without them), so a record still marked
+/// connected this long after its last message belongs to a stream that died
+/// with an earlier control-plane process.
+pub async fn sweep(store: &Store, options: &SyncOptions) {
+    let now = now_ms();
+    let stale_before = now.saturating_sub(millis(options.stale_after));
+    match store.list_data_planes().await {
+        Ok(nodes) => {
+            for mut node in nodes.into_iter().filter(|n| n.connected && n.last_seen < stale_before) {
+                tracing::warn!(
+                    node_id = %node.node_id,
+                    version = ?node.applied_version,
+                    silent_ms = now - node.last_seen,
+                    "data plane stale: marking it disconnected"
+                );
+                node.connected = false;
+                if let Err(error) = store.upsert_data_plane(&node).await {
+                    tracing::warn!(node_id = %node.node_id, %error, "cannot mark stale data plane");
+                }
+            }
+        }
+        Err(error) => tracing::warn!(%error, "cannot list data planes for the stale sweep"),
+    }
+    match store.purge_data_planes(now.saturating_sub(millis(options.purge_after))).await {
+        Ok(purged) if purged > 0 => tracing::info!(purged, "forgot data planes unseen for {:?}", options.purge_after),
+        Ok(_) => {}
+        Err(error) => tracing::warn!(%error, "cannot purge data planes"),
+    }
+}
+
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
