@@ -22,8 +22,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
+use serde_json::Value;
 use utoipa::ToSchema;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, OpenApi, Ref, ResponseBuilder};
@@ -31,8 +30,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use utoipa_swagger_ui::{Config as SwaggerConfig, SwaggerUi};
 
-use crate::credentials::constant_time_eq;
 use crate::store::{Store, WriteError};
+use crate::tokens::TokenDigest;
 
 pub use crud::{DEFAULT_PAGE, MAX_PAGE, Page};
 pub use error::{AdminError, FieldError, PROBLEM_BASE, PROBLEM_JSON, Problem};
@@ -57,7 +56,7 @@ const BEARER_SCHEME: &str = "bearer";
 #[derive(Clone)]
 pub struct AdminState {
     pub store: Store,
-    pub admin_token: Arc<str>,
+    pub admin_token: TokenDigest,
     /// A data plane not heard from for this long is shown as `stale`.
     pub stale_after: Duration,
 }
@@ -66,7 +65,7 @@ pub struct AdminState {
 pub(crate) struct Admin {
     store: Store,
     /// Only the digest is kept, so comparisons run over fixed-length values and the token itself is not retained.
-    token_digest: Option<[u8; 32]>,
+    token_digest: TokenDigest,
     stale_after: Duration,
     schemas: Schemas,
     openapi_json: Bytes,
@@ -84,13 +83,7 @@ pub fn router(state: AdminState) -> Router {
     let document = document(openapi);
     let schemas = Schemas::from_document(&document, BODY_SCHEMAS);
     let openapi_json = Bytes::from(serde_json::to_vec(&document).unwrap_or_default());
-    let token_digest = if state.admin_token.is_empty() {
-        // An empty token would be matched by `Authorization: Bearer `; lock the API instead.
-        tracing::error!("the admin token is empty: every authenticated admin request will be refused");
-        None
-    } else {
-        Some(Sha256::digest(state.admin_token.as_bytes()).into())
-    };
+    let token_digest = state.admin_token;
     let admin =
         Arc::new(Admin { store: state.store, token_digest, stale_after: state.stale_after, schemas, openapi_json });
 
@@ -157,37 +150,9 @@ fn finish_document(mut openapi: OpenApi) -> OpenApi {
     openapi
 }
 
-/// The served document: `finish_document`'s, with the write-only fields put back.
+/// The served document.
 fn document(openapi: OpenApi) -> Value {
-    let mut document = serde_json::to_value(finish_document(openapi)).unwrap_or(Value::Null);
-    restore_write_only_fields(&mut document);
-    document
-}
-
-/// The model's write-only secrets, as `(schema, field, description)`.
-const WRITE_ONLY_FIELDS: &[(&str, &str, &str)] = &[
-    ("BasicAuthCredential", "password", "Write-only; stored as an Argon2id hash."),
-    ("ApiKeyCredential", "key", "Write-only; stored as a keyed digest."),
-    ("JwtCredential", "secret", "HMAC secret for HS* algorithms. Write-only; stored encrypted."),
-    ("Certificate", "key", "PEM private key. Write-only; stored encrypted."),
-    ("Certificate", "pkcs12", "Base64 PKCS#12 keystore holding chain and key. Write-only; converted to PEM."),
-    ("Certificate", "password", "Password of the PKCS#12 keystore. Write-only."),
-];
-
-/// utoipa leaves `#[serde(skip_serializing)]` fields out of a schema, yet the write-only secrets are exactly such
-/// fields and clients must send them: without this, the document would not mention them and the body validator
-/// (`additionalProperties: false`) would reject every password. Added only when missing, so a model that
-/// documents them itself wins.
-fn restore_write_only_fields(document: &mut Value) {
-    for (schema, field, description) in WRITE_ONLY_FIELDS {
-        let Some(Value::Object(properties)) = document.pointer_mut(&format!("/components/schemas/{schema}/properties"))
-        else {
-            continue;
-        };
-        properties
-            .entry(field.to_string())
-            .or_insert_with(|| json!({ "type": ["string", "null"], "writeOnly": true, "description": description }));
-    }
+    serde_json::to_value(finish_document(openapi)).unwrap_or(Value::Null)
 }
 
 /// Liveness and readiness answer.
@@ -247,10 +212,7 @@ async fn authenticate(State(admin): State<Shared>, request: Request, next: Next)
         .and_then(|value| value.split_once(' '))
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
         .map(|(_, token)| token.trim());
-    let accepted = match (presented, &admin.token_digest) {
-        (Some(token), Some(expected)) => constant_time_eq(&Sha256::digest(token.as_bytes()), expected),
-        _ => false,
-    };
+    let accepted = presented.is_some_and(|token| !token.is_empty() && admin.token_digest.matches(token));
     if accepted { next.run(request).await } else { AdminError::Unauthorized.into_response() }
 }
 
@@ -302,6 +264,7 @@ pub(crate) fn write_error(error: WriteError<AdminError>) -> AdminError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn every_body_schema_is_generated_and_compiles() {
@@ -311,7 +274,14 @@ mod tests {
         for name in BODY_SCHEMAS {
             assert!(schemas.compiled(name), "{name}");
         }
-        for (schema, field, _) in WRITE_ONLY_FIELDS {
+        for (schema, field) in [
+            ("BasicAuthCredential", "password"),
+            ("ApiKeyCredential", "key"),
+            ("JwtCredential", "secret"),
+            ("Certificate", "key"),
+            ("Certificate", "pkcs12"),
+            ("Certificate", "password"),
+        ] {
             let property = document.pointer(&format!("/components/schemas/{schema}/properties/{field}"));
             assert_eq!(property.and_then(|p| p.get("writeOnly")), Some(&json!(true)), "{schema}.{field}");
         }

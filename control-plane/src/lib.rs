@@ -1,14 +1,17 @@
 //! Sluice control plane: stores the gateway configuration, serves the admin
 //! REST API, and pushes numbered snapshots to data planes over gRPC.
 
-pub mod model;
+pub mod admin;
+pub mod app;
+pub mod certificates;
+pub mod credentials;
 pub mod diff;
+pub mod model;
 pub mod prepare;
+pub mod secrets;
+pub mod settings;
 pub mod snapshot;
 pub mod specs;
-pub mod certificates;
-pub mod secrets;
-pub mod credentials;
-pub mod sync;
 pub mod store;
-pub mod admin;
+pub mod sync;
+pub mod tokens;

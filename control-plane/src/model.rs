@@ -213,7 +213,7 @@ pub struct Consumer {
 #[serde(deny_unknown_fields)]
 pub struct BasicAuthCredential {
     /// Write-only; stored as an Argon2id hash.
-    #[serde(default, skip_serializing)]
+    #[serde(default, skip_serializing_if = "write_only")]
     #[schema(write_only)]
     pub password: Option<String>,
     /// Argon2id PHC string of the password, as exported.
@@ -225,7 +225,7 @@ pub struct BasicAuthCredential {
 #[serde(deny_unknown_fields)]
 pub struct ApiKeyCredential {
     /// Write-only; stored as a keyed digest.
-    #[serde(default, skip_serializing)]
+    #[serde(default, skip_serializing_if = "write_only")]
     #[schema(write_only)]
     pub key: Option<String>,
     /// Hex HMAC-SHA256 of the key, as exported.
@@ -241,7 +241,7 @@ pub struct JwtCredential {
     #[schema(example = "HS256")]
     pub algorithm: String,
     /// HMAC secret for HS* algorithms. Write-only; stored encrypted.
-    #[serde(default, skip_serializing)]
+    #[serde(default, skip_serializing_if = "write_only")]
     #[schema(write_only)]
     pub secret: Option<String>,
     /// The HMAC secret encrypted with the control plane's secret key, as exported.
@@ -280,15 +280,15 @@ pub struct Certificate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chain: Option<String>,
     /// PEM private key. Write-only; stored encrypted.
-    #[serde(default, skip_serializing)]
+    #[serde(default, skip_serializing_if = "write_only")]
     #[schema(write_only)]
     pub key: Option<String>,
     /// Base64 PKCS#12 keystore holding chain and key. Write-only; converted to PEM.
-    #[serde(default, skip_serializing)]
+    #[serde(default, skip_serializing_if = "write_only")]
     #[schema(write_only)]
     pub pkcs12: Option<String>,
     /// Password of the PKCS#12 keystore. Write-only.
-    #[serde(default, skip_serializing)]
+    #[serde(default, skip_serializing_if = "write_only")]
     #[schema(write_only)]
     pub password: Option<String>,
     /// The private key encrypted with the control plane's secret key, as exported.
@@ -337,6 +337,12 @@ impl Kind {
 
 fn default_path_prefix() -> String {
     "/".into()
+}
+/// Secrets are accepted but never written back out. `skip_serializing_if`
+/// rather than `skip_serializing`, because utoipa drops `skip_serializing`
+/// fields from the schema, and the body validator would then refuse them.
+fn write_only<T>(_: &T) -> bool {
+    true
 }
 fn is_false(value: &bool) -> bool {
     !*value

@@ -30,7 +30,9 @@ pub fn prepare_config(
     let mut violations = Vec::new();
     let mut prefixed = |collection: &str, name: &str, found: Vec<Violation>| {
         violations.extend(
-            found.into_iter().map(|v| Violation { path: format!("/{collection}/{name}{}", v.path), message: v.message }),
+            found
+                .into_iter()
+                .map(|v| Violation { path: format!("/{collection}/{name}{}", v.path), message: v.message }),
         );
     };
     let mut prepared = Config { upstreams: config.upstreams, apis: config.apis, ..Config::default() };
@@ -102,7 +104,8 @@ pub fn prepare_consumer(
             Some(key) => credential.key_digest = Some(api_key_digest(api_key_hmac_key, &key)),
             None => match &credential.key_digest {
                 Some(d) if d.len() == 64 && d.bytes().all(|b| b.is_ascii_hexdigit()) => {}
-                Some(_) => violations.push(violation(&format!("/api_keys/{i}/key_digest"), "must be 64 hex digits as exported")),
+                Some(_) => violations
+                    .push(violation(&format!("/api_keys/{i}/key_digest"), "must be 64 hex digits as exported")),
                 None => violations.push(violation(&format!("/api_keys/{i}"), "needs `key`")),
             },
         }
@@ -110,7 +113,9 @@ pub fn prepare_consumer(
     for (i, credential) in consumer.jwt.iter_mut().enumerate() {
         let at = format!("/jwt/{i}");
         match credential.secret.take() {
-            Some(secret) if secret.is_empty() => violations.push(violation(&format!("{at}/secret"), "must not be empty")),
+            Some(secret) if secret.is_empty() => {
+                violations.push(violation(&format!("{at}/secret"), "must not be empty"))
+            }
             Some(secret) => {
                 let kept = previous
                     .and_then(|p| p.jwt.iter().find(|j| j.key == credential.key))

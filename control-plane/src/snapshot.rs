@@ -14,7 +14,11 @@ use crate::specs::parse_spec;
 /// the store to fill in. Secrets must already be in stored form (see
 /// `prepare`); plaintext inputs are reported rather than hashed here, because
 /// hashing with a fresh salt would change the snapshot hash on every build.
-pub fn build_snapshot(config: &Config, secrets: &SecretBox, api_key_hmac_key: &[u8]) -> Result<v1::Snapshot, Vec<Violation>> {
+pub fn build_snapshot(
+    config: &Config,
+    secrets: &SecretBox,
+    api_key_hmac_key: &[u8],
+) -> Result<v1::Snapshot, Vec<Violation>> {
     let mut violations = Vec::new();
     let mut snapshot = v1::Snapshot {
         version: 0,
@@ -190,7 +194,9 @@ fn consumer(consumer: &model::Consumer, secrets: &SecretBox, violations: &mut Ve
     for (i, key) in consumer.api_keys.iter().enumerate() {
         match &key.key_digest {
             Some(digest) => api_key_digests.push(digest.clone()),
-            None => violations.push(violation(format!("{}/{i}", at("api_keys")), "key was not digested before storing")),
+            None => {
+                violations.push(violation(format!("{}/{i}", at("api_keys")), "key was not digested before storing"))
+            }
         }
     }
     let mut jwt_credentials = Vec::new();
@@ -233,7 +239,11 @@ fn spec(spec: &model::Spec, violations: &mut Vec<Violation>) -> Option<v1::Spec>
     }
 }
 
-fn certificate(cert: &model::Certificate, secrets: &SecretBox, violations: &mut Vec<Violation>) -> Option<v1::Certificate> {
+fn certificate(
+    cert: &model::Certificate,
+    secrets: &SecretBox,
+    violations: &mut Vec<Violation>,
+) -> Option<v1::Certificate> {
     let at = |field: &str| format!("/certificates/{}/{field}", cert.name);
     let key = match cert.key_sealed.as_deref().map(|sealed| secrets.open(sealed).map(String::from_utf8)) {
         Some(Ok(Ok(key))) => key,

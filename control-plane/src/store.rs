@@ -234,6 +234,18 @@ impl Store {
     }
 
     /// The latest committed version this store knows of (what `subscribe` holds).
+    /// A stored setting (e.g. a token digest), if present.
+    pub async fn setting(&self, key: &str) -> Result<Option<String>, StoreError> {
+        let row =
+            sqlx::query("SELECT value FROM settings WHERE key = $1").bind(key).fetch_optional(&self.inner.pool).await?;
+        Ok(row.map(|r| r.try_get("value")).transpose()?)
+    }
+
+    /// Stores `value` unless the key already has one; returns what is stored.
+    pub async fn insert_setting_if_absent(&self, key: &str, value: &str) -> Result<String, StoreError> {
+        insert_setting_if_absent(&self.inner.pool, key, value).await
+    }
+
     pub fn current_version(&self) -> u64 {
         *self.inner.versions.borrow()
     }
@@ -398,19 +410,9 @@ impl Store {
 }
 
 /// Reads the API-key HMAC key, creating it first if this database has none.
-/// Insert-if-absent then read, so concurrent first starts agree on one key.
 async fn ensure_hmac_key(pool: &AnyPool) -> Result<Vec<u8>, StoreError> {
     let fresh = hex::encode(crate::credentials::random_bytes::<32>());
-    sqlx::query("INSERT INTO settings (key, value) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING")
-        .bind(HMAC_KEY_SETTING)
-        .bind(fresh)
-        .execute(pool)
-        .await?;
-    let value: String = sqlx::query("SELECT value FROM settings WHERE key = $1")
-        .bind(HMAC_KEY_SETTING)
-        .fetch_one(pool)
-        .await?
-        .try_get("value")?;
+    let value = insert_setting_if_absent(pool, HMAC_KEY_SETTING, &fresh).await?;
     let key = hex::decode(value.trim())
         .map_err(|e| StoreError::CorruptSetting { key: HMAC_KEY_SETTING.into(), reason: format!("not hex: {e}") })?;
     if key.len() < 16 {
@@ -420,6 +422,17 @@ async fn ensure_hmac_key(pool: &AnyPool) -> Result<Vec<u8>, StoreError> {
         });
     }
     Ok(key)
+}
+
+/// Insert-if-absent then read, so concurrent first starts of several control
+/// planes agree on one value. Returns the value that is stored.
+async fn insert_setting_if_absent(pool: &AnyPool, key: &str, value: &str) -> Result<String, StoreError> {
+    sqlx::query("INSERT INTO settings (key, value) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING")
+        .bind(key)
+        .bind(value)
+        .execute(pool)
+        .await?;
+    Ok(sqlx::query("SELECT value FROM settings WHERE key = $1").bind(key).fetch_one(pool).await?.try_get("value")?)
 }
 
 fn is_sqlite_memory(url: &str) -> bool {

@@ -28,6 +28,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::store::Store;
+use crate::tokens::TokenDigest;
 
 /// Node ids key the data-plane table and the admin API's URLs.
 const MAX_NODE_ID_LEN: usize = 253;
@@ -84,7 +85,7 @@ pub struct SyncService {
 
 struct Inner {
     store: Store,
-    cluster_token: Arc<str>,
+    cluster_token: TokenDigest,
     options: SyncOptions,
     /// Latest snapshot, fetched once per change for all sessions.
     latest: watch::Receiver<latest::Latest>,
@@ -108,13 +109,13 @@ struct SessionEntry {
 /// Builds the gRPC service, with message limits large enough for a whole
 /// snapshot. Spawns the snapshot fan-out and the sweeper, so it must be called
 /// inside a Tokio runtime; both stop once the service and its streams are gone.
-pub fn sync_server(store: Store, cluster_token: Arc<str>, options: SyncOptions) -> ConfigSyncServer<SyncService> {
+pub fn sync_server(store: Store, cluster_token: TokenDigest, options: SyncOptions) -> ConfigSyncServer<SyncService> {
     SyncService::new(store, cluster_token, options).into_server()
 }
 
 impl SyncService {
     /// See [`sync_server`]; use this directly only to wrap the service yourself.
-    pub fn new(store: Store, cluster_token: Arc<str>, options: SyncOptions) -> Self {
+    pub fn new(store: Store, cluster_token: TokenDigest, options: SyncOptions) -> Self {
         let (shutdown, shutdown_rx) = watch::channel(());
         let coalesce = latest::Coalesce { quiet: options.coalesce_delay, max_wait: options.coalesce_max_delay };
         let latest = latest::spawn(store.clone(), coalesce, shutdown_rx.clone());

@@ -15,9 +15,9 @@ use tracing::{error, info, warn};
 
 use crate::backoff::Backoff;
 use crate::ops;
-use crate::proxy::{self, ProxyOptions};
 use crate::policy::PolicyContext;
 use crate::policy::rate_limit::{RateLimitContext, RateLimitError};
+use crate::proxy::{self, ProxyOptions};
 use crate::routing::TableStore;
 use crate::settings::{self, Settings};
 use crate::sync::{SyncClient, SyncError, SyncOptions, SyncState};

@@ -9,8 +9,7 @@ use std::fmt;
 use std::net::IpAddr;
 
 use crate::v1::{
-    Api, Balance, Certificate, Consumer, HashSource, Policy, RateLimitKey, Snapshot, Upstream,
-    policy::Kind,
+    Api, Balance, Certificate, Consumer, HashSource, Policy, RateLimitKey, Snapshot, Upstream, policy::Kind,
 };
 
 /// One problem in a snapshot. `path` is a JSON-pointer-like path whose list
@@ -215,7 +214,10 @@ fn check_policy(v: &mut Violations, at: &str, policy: &Policy) {
                 }
                 for h in rules.set.iter().chain(rules.add.iter()) {
                     if http::HeaderValue::from_str(&h.value).is_err() {
-                        v.push(format!("{at}/{side}"), format!("the value of `{}` is not a valid header value", h.name));
+                        v.push(
+                            format!("{at}/{side}"),
+                            format!("the value of `{}` is not a valid header value", h.name),
+                        );
                     }
                 }
             }
@@ -281,8 +283,10 @@ fn check_path(path: &str, templates: bool) -> Result<(), String> {
 fn check_route_overlap(v: &mut Violations, apis: &[Api]) {
     let mut claimed: HashMap<(String, String, String), &str> = HashMap::new();
     for api in apis.iter().filter(|a| a.paths.is_empty()) {
-        let hosts: Vec<&str> = if api.hosts.is_empty() { vec!["*"] } else { api.hosts.iter().map(String::as_str).collect() };
-        let methods: Vec<&str> = if api.methods.is_empty() { vec!["*"] } else { api.methods.iter().map(String::as_str).collect() };
+        let hosts: Vec<&str> =
+            if api.hosts.is_empty() { vec!["*"] } else { api.hosts.iter().map(String::as_str).collect() };
+        let methods: Vec<&str> =
+            if api.methods.is_empty() { vec!["*"] } else { api.methods.iter().map(String::as_str).collect() };
         let prefix = api.path_prefix.trim_end_matches('/').to_string();
         for host in &hosts {
             for method in &methods {
@@ -292,7 +296,10 @@ fn check_route_overlap(v: &mut Violations, apis: &[Api]) {
                 {
                     v.push(
                         format!("/apis/{}/path_prefix", api.name),
-                        format!("API `{other}` already routes host `{host}`, prefix `{}`, method `{method}`", api.path_prefix),
+                        format!(
+                            "API `{other}` already routes host `{host}`, prefix `{}`, method `{method}`",
+                            api.path_prefix
+                        ),
                     );
                 }
             }
@@ -370,7 +377,10 @@ fn check_consumers(v: &mut Violations, consumers: &[Consumer]) {
         let at = |field: &str| format!("/consumers/{}/{field}", consumer.username);
         for (i, digest) in consumer.api_key_digests.iter().enumerate() {
             if let Some(other) = key_owner.insert(digest, &consumer.username) {
-                v.push(format!("{}/{i}", at("api_keys")), format!("this API key is already used by consumer `{other}`"));
+                v.push(
+                    format!("{}/{i}", at("api_keys")),
+                    format!("this API key is already used by consumer `{other}`"),
+                );
             }
         }
         for (i, credential) in consumer.jwt_credentials.iter().enumerate() {
@@ -378,7 +388,10 @@ fn check_consumers(v: &mut Violations, consumers: &[Consumer]) {
             if credential.key.is_empty() {
                 v.push(format!("{at}/key"), "must not be empty");
             } else if let Some(other) = jwt_owner.insert(&credential.key, &consumer.username) {
-                v.push(format!("{at}/key"), format!("JWT key `{}` is already used by consumer `{other}`", credential.key));
+                v.push(
+                    format!("{at}/key"),
+                    format!("JWT key `{}` is already used by consumer `{other}`", credential.key),
+                );
             }
             let alg = credential.algorithm.as_str();
             if !JWT_ALGORITHMS.contains(&alg) {
@@ -436,7 +449,8 @@ mod tests {
 
     #[test]
     fn a_consistent_snapshot_passes() {
-        let snapshot = Snapshot { apis: vec![api("shop", "backend")], upstreams: vec![upstream("backend")], ..Default::default() };
+        let snapshot =
+            Snapshot { apis: vec![api("shop", "backend")], upstreams: vec![upstream("backend")], ..Default::default() };
         assert_eq!(validate(&snapshot), Ok(()));
     }
 
@@ -448,7 +462,8 @@ mod tests {
         bad_api.policies = vec![Policy { kind: Some(Kind::RateLimit(RateLimit::default())) }];
         let mut bad_upstream = upstream("backend");
         bad_upstream.targets[0].url = "ftp://x".into();
-        let snapshot = Snapshot { apis: vec![bad_api], upstreams: vec![bad_upstream, upstream("backend")], ..Default::default() };
+        let snapshot =
+            Snapshot { apis: vec![bad_api], upstreams: vec![bad_upstream, upstream("backend")], ..Default::default() };
         let found = paths(&snapshot);
         for expected in [
             "/upstreams/backend/name",

@@ -53,7 +53,9 @@ mod tests {
 
     #[test]
     fn parses_and_prints_operator_durations() {
-        for (text, millis, printed) in [("500ms", 500, "500ms"), ("5s", 5_000, "5s"), ("1h", 3_600_000, "1h"), ("1d", 86_400_000, "1day")] {
+        for (text, millis, printed) in
+            [("500ms", 500, "500ms"), ("5s", 5_000, "5s"), ("1h", 3_600_000, "1h"), ("1d", 86_400_000, "1day")]
+        {
             let parsed: HumanDuration = text.parse().unwrap_or(HumanDuration::from_secs(0));
             assert_eq!(parsed.as_millis_u64(), millis, "{text}");
             assert_eq!(parsed.to_string(), printed);

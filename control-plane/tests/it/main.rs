@@ -1,5 +1,5 @@
 //! Integration tests of the control plane, one binary for the crate (link time): each module drives a real
 //! server over sockets.
 
-mod sync;
 mod admin;
+mod sync;

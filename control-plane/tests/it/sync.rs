@@ -13,6 +13,7 @@ use sluice_control_plane::model::{Balance, Target, Upstream};
 use sluice_control_plane::secrets::SecretBox;
 use sluice_control_plane::store::{DataPlaneRecord, Store};
 use sluice_control_plane::sync::{SyncOptions, SyncService};
+use sluice_control_plane::tokens::TokenDigest;
 use sluice_proto::PROTOCOL_VERSION;
 use sluice_proto::v1::config_sync_client::ConfigSyncClient;
 use sluice_proto::v1::{
@@ -50,7 +51,7 @@ async fn start(options: SyncOptions) -> Result<Harness> {
     let store = within(Store::open(&url, secrets)).await??;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let service = SyncService::new(store.clone(), Arc::from(TOKEN), options);
+    let service = SyncService::new(store.clone(), TokenDigest::of(TOKEN), options);
     let server = service.clone().into_server();
     let server = tokio::spawn(async move {
         let served = tonic::transport::Server::builder()

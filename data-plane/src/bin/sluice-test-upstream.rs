@@ -10,6 +10,8 @@
 //! * `GET /health`: 200, for health checks.
 //!
 //! HTTP/1.1 and h2c (prior knowledge) on one port. Prints `{"addr":"..."}` on stdout once bound.
+//! With `--tls-cert FILE --tls-key FILE` (PEM) it speaks HTTPS instead (HTTP/1.1 by ALPN), for
+//! tests and benchmarks of TLS to the upstream.
 
 use std::convert::Infallible;
 use std::io::Write;
@@ -38,6 +40,12 @@ struct Args {
     /// Reported as `server` in every echo, so tests can tell upstreams apart.
     #[arg(long, default_value = "upstream")]
     name: String,
+    /// PEM certificate chain: serve HTTPS (HTTP/1.1) instead of plain HTTP. Needs `--tls-key`.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// PEM private key for `--tls-cert`.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
 }
 
 type Body = BoxBody<Bytes, std::io::Error>;
@@ -56,6 +64,10 @@ async fn main() -> anyhow::Result<()> {
         stdout.flush()?;
     }
 
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(tls_acceptor(cert, key)?),
+        _ => None,
+    };
     let name: Arc<str> = args.name.into();
     loop {
         let (stream, _) = match listener.accept().await {
@@ -68,14 +80,45 @@ async fn main() -> anyhow::Result<()> {
         };
         let _ = stream.set_nodelay(true);
         let name = name.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req| handle(req, name.clone()));
             // Errors here are clients hanging up mid-request; nothing to do.
-            let _ = auto::Builder::new(TokioExecutor::new())
-                .serve_connection_with_upgrades(TokioIo::new(stream), service)
-                .await;
+            match tls {
+                Some(acceptor) => {
+                    let Ok(stream) = acceptor.accept(stream).await else { return };
+                    let _ = auto::Builder::new(TokioExecutor::new())
+                        .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                        .await;
+                }
+                None => {
+                    let _ = auto::Builder::new(TokioExecutor::new())
+                        .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                        .await;
+                }
+            }
         });
     }
+}
+
+/// A TLS acceptor from PEM files: TLS 1.3 and 1.2, ALPN http/1.1 only, so a
+/// proxy in front speaks the same HTTP/1.1 to it whatever it offers.
+fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> anyhow::Result<tokio_rustls::TlsAcceptor> {
+    use anyhow::Context;
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let chain = CertificateDer::pem_file_iter(cert)
+        .with_context(|| format!("reading {}", cert.display()))?
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("parsing {}", cert.display()))?;
+    let key = PrivateKeyDer::from_pem_file(key).with_context(|| format!("reading {}", key.display()))?;
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
 }
 
 async fn handle(req: Request<Incoming>, name: Arc<str>) -> Result<Response<Body>, Infallible> {

@@ -6,10 +6,10 @@ mod fake_cp;
 mod support;
 
 mod lifecycle;
+mod openapi;
+mod policies;
 mod proxy;
+mod rate_limit;
 mod sync;
 mod test_upstream;
 mod tls;
-mod rate_limit;
-mod policies;
-mod openapi;

@@ -10,6 +10,7 @@ use serde_json::Value;
 use sluice_control_plane::admin::{AdminState, router};
 use sluice_control_plane::secrets::SecretBox;
 use sluice_control_plane::store::Store;
+use sluice_control_plane::tokens::TokenDigest;
 use sqlx::Connection;
 
 pub const TOKEN: &str = "test-admin-token-0123456789";
@@ -118,7 +119,7 @@ impl Server {
     async fn start(store: Store, dir: Option<tempfile::TempDir>, postgres: Option<(String, String)>) -> Server {
         let app = router(AdminState {
             store: store.clone(),
-            admin_token: Arc::from(TOKEN),
+            admin_token: TokenDigest::of(TOKEN),
             stale_after: Duration::from_secs(30),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap_or_else(|e| panic!("bind: {e}"));

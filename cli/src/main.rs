@@ -1,0 +1,80 @@
+//! `sluice`: the all-in-one command. `sluice standalone` runs a control plane
+//! and one data plane in one process; the other subcommands are the admin CLI
+//! talking to a control plane's REST API.
+
+mod admin_client;
+mod commands;
+mod standalone;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Parser)]
+#[command(name = "sluice", version, about = "Sluice API gateway: all-in-one server and admin CLI")]
+struct Cli {
+    /// Admin API of the control plane.
+    #[arg(long, global = true, env = "SLUICE_ADMIN_URL", default_value = "http://127.0.0.1:9080")]
+    admin_url: String,
+    /// Bearer token of the admin API.
+    #[arg(long, global = true, env = "SLUICE_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
+    /// Output format of the admin commands.
+    #[arg(long, short, global = true, value_enum, default_value_t = Output::Table)]
+    output: Output,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a control plane (SQLite by default) and one data plane in this process.
+    Standalone(standalone::StandaloneArgs),
+    /// Make the gateway's configuration match a YAML or JSON file.
+    Apply {
+        #[arg(short, long)]
+        file: PathBuf,
+        /// Show what would change without changing anything.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Print the whole configuration as YAML (or JSON with `-o json`).
+    Export,
+    /// Show the connected data planes, the version each runs, NACKs and stale nodes.
+    Status,
+    /// Make a new snapshot whose configuration equals an earlier version.
+    Rollback { version: u64 },
+    /// Check a config file offline, without a control plane.
+    Validate {
+        #[arg(short, long)]
+        file: PathBuf,
+    },
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let client = || admin_client::AdminClient::new(&cli.admin_url, cli.admin_token.as_deref());
+    let result = match cli.command {
+        Command::Standalone(args) => standalone::run(args).await,
+        Command::Apply { file, dry_run } => commands::apply(&client(), &file, dry_run, cli.output).await,
+        Command::Export => commands::export(&client(), cli.output).await,
+        Command::Status => commands::status(&client(), cli.output).await,
+        Command::Rollback { version } => commands::rollback(&client(), version, cli.output).await,
+        Command::Validate { file } => commands::validate(&file),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
