@@ -1,0 +1,7 @@
+//! End-to-end tests of the whole gateway: the real `sluice-cp`, `sluice-dp`,
+//! `sluice` and `sluice-test-upstream` binaries on 127.0.0.1 with ephemeral
+//! ports, talking over real sockets, gRPC and SQLite.
+
+mod cluster;
+mod standalone;
+mod support;
