@@ -24,7 +24,6 @@ pub fn binary(name: &str) -> PathBuf {
 pub struct Process {
     pub child: Child,
     pub first_line: Value,
-    stderr: Arc<Mutex<String>>,
 }
 
 impl Process {
@@ -48,7 +47,7 @@ impl Process {
         }
         let first_line = serde_json::from_str(line.trim()).with_context(|| format!("not JSON: {line:?}"))?;
         collect(stdout);
-        Ok(Self { child, first_line, stderr })
+        Ok(Self { child, first_line })
     }
 
     pub fn addr(&self, key: &str) -> Result<SocketAddr> {
@@ -57,10 +56,6 @@ impl Process {
             .with_context(|| format!("no {key} in {}", self.first_line))?
             .parse()
             .context("address")
-    }
-
-    pub fn stderr(&self) -> String {
-        self.stderr.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
     pub async fn kill(&mut self) -> Result<()> {
