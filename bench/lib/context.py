@@ -1,0 +1,133 @@
+"""What every scenario shares: binaries, CPU layout, timing, fixtures, and the
+helpers that start upstreams and generate request bodies and certificates."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.client
+import json
+import os
+import ssl
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import procs
+from .load import Layout, Target
+
+BASIC_USER, BASIC_PASSWORD = "loadtest", "secret"
+BASIC_HEADER = "Basic " + base64.b64encode(f"{BASIC_USER}:{BASIC_PASSWORD}".encode()).decode()
+SMALL_BODY = b'{"name":"Mangos","price":2.79}'
+
+
+@dataclass
+class Context:
+    repo: Path
+    bins: Path
+    workdir: Path
+    pin: bool
+    quick: bool
+    rounds: int
+    duration: float
+    warmup: float
+    gateway_cpus: str | None
+    other_cpus: str | None     # client (wrk) and upstreams
+    gateway_cores: int
+    client_threads: int
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.other_cpus, self.client_threads)
+
+    @property
+    def fixtures(self) -> Path:
+        return self.repo.parent / "shared" / "fixtures"
+
+    def scenario_dir(self, name: str) -> Path:
+        d = self.workdir / name
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def upstream(self, workdir: Path, name: str, tls: "Certs | None" = None) -> tuple[procs.Proc, str]:
+        argv = [str(self.bins / "sluice-test-upstream"), "--addr", "127.0.0.1:0", "--name", name]
+        if tls is not None:
+            argv += ["--tls-cert", str(tls.leaf), "--tls-key", str(tls.leaf_key)]
+        proc = procs.start(f"upstream-{name}", argv, workdir, cpus=self.other_cpus)
+        return proc, proc.first_json_line()["addr"]
+
+
+def body_1066() -> bytes:
+    """A deterministic 1,066-byte JSON product document (Membrane's test 1 body size)."""
+    doc = {"name": "Mangos", "price": 2.79, "category": "fruit", "origin": "Brazil",
+           "tags": [f"tag-{i}" for i in range(12)],
+           "stock": [{"warehouse": f"W{i:02d}", "quantity": 10 * i + 7} for i in range(8)],
+           "description": ""}
+    base = len(json.dumps(doc, separators=(",", ":")).encode())
+    filler = "Sweet, juicy and ripe. "
+    text = (filler * 100)[: 1066 - base]
+    doc["description"] = text
+    data = json.dumps(doc, separators=(",", ":")).encode()
+    assert len(data) == 1066, len(data)
+    return data
+
+
+@dataclass
+class Certs:
+    ca: Path
+    leaf: Path
+    leaf_key: Path
+
+
+def make_certs(d: Path) -> Certs:
+    """A CA and a leaf for localhost / 127.0.0.1 (ECDSA P-256), made with openssl at run time."""
+    d.mkdir(parents=True, exist_ok=True)
+    ext = d / "leaf.ext"
+    ext.write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n"
+                   "keyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    run = lambda *a: subprocess.run(["openssl", *a], cwd=d, check=True, capture_output=True)  # noqa: E731
+    run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=Sluice bench CA")
+    run("req", *ec, "-keyout", "leaf.key", "-out", "leaf.csr", "-subj", "/CN=localhost")
+    run("x509", "-req", "-in", "leaf.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+        "-out", "leaf.pem", "-days", "2", "-extfile", "leaf.ext")
+    return Certs(d / "ca.pem", d / "leaf.pem", d / "leaf.key")
+
+
+def htpasswd_ssha(path: Path) -> Path:
+    """nginx htpasswd with a salted SHA-1 ({SSHA}): see RESULTS.md on why not apr1."""
+    salt = os.urandom(8)
+    digest = hashlib.sha1(BASIC_PASSWORD.encode() + salt).digest()
+    path.write_text(f"{BASIC_USER}:{{SSHA}}{base64.b64encode(digest + salt).decode()}\n")
+    return path
+
+
+def check(target: Target, expect_header: str | None = None) -> dict:
+    """One request through target before measuring it: must be 2xx; returns the echo (JSON) if any."""
+    scheme, rest = target.url.split("://", 1)
+    hostport, _, path = rest.partition("/")
+    host, port = hostport.rsplit(":", 1)
+    if scheme == "https":
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        conn = http.client.HTTPSConnection(host, int(port), timeout=10, context=ctx)
+    else:
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    headers = {}
+    body = None
+    if target.request.body_file:
+        body = target.request.body_file.read_bytes()
+        headers["Content-Type"] = "application/json"
+    if target.request.auth:
+        headers["Authorization"] = target.request.auth
+    conn.request(target.request.method, "/" + path, body=body, headers=headers)
+    resp = conn.getresponse()
+    data = resp.read()
+    conn.close()
+    if not 200 <= resp.status < 300:
+        raise RuntimeError(f"{target.label}: {target.request.method} {target.url} -> {resp.status}: {data[:500]!r}")
+    try:
+        return json.loads(data)
+    except ValueError:
+        return {}

@@ -1,0 +1,398 @@
+"""RESULTS.md and the SVG chart, from one run's results dict (plain text, no dependencies)."""
+
+from __future__ import annotations
+
+from html import escape
+
+COLORS = {"sluice": "#1f77b4", "sluice-proxy": "#7fb3e0", "nginx": "#2ca02c", "nginx-proxy": "#98df8a",
+          "haproxy": "#ff7f0e"}
+CHART_SCENARIOS = ["proxy", "secured", "openapi", "round-robin"]
+
+
+# --- formatting ---------------------------------------------------------------
+
+def num(v, digits=0) -> str:
+    if v is None:
+        return "-"
+    return f"{v:,.{digits}f}"
+
+
+def spread(s: dict, digits=0, scale=1.0) -> str:
+    if not s or s.get("median") is None:
+        return "-"
+    m, lo, hi = (s[k] * scale for k in ("median", "min", "max"))
+    if lo == hi:
+        return num(m, digits)
+    return f"{num(m, digits)} ({num(lo, digits)}–{num(hi, digits)})"
+
+
+def mb(kb) -> str:
+    return "-" if kb is None else f"{kb / 1024:.1f} MB"
+
+
+def ratio(a, b) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def rx(v) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def verdict(value, target, higher_is_better=True, unit="x") -> str:
+    """'met' or 'missed by N%' against a target."""
+    if value is None:
+        return "not measured"
+    fmt = (lambda v: f"{v:.2f}x") if unit == "x" else (lambda v: f"{v:,.1f} {unit}")
+    ok = value >= target if higher_is_better else value <= target
+    if ok:
+        return f"**met** ({fmt(value)} against {fmt(target)})"
+    gap = (target - value) / target * 100 if higher_is_better else (value - target) / target * 100
+    return f"**missed** ({fmt(value)} against {fmt(target)}: {gap:.0f}% short)" if higher_is_better else \
+        f"**missed** ({fmt(value)} against at most {fmt(target)}: {gap:.0f}% over)"
+
+
+def med(g: dict, key: str):
+    return (g.get(key) or {}).get("median")
+
+
+def gateway_table(gateways: dict, ref: str | None) -> list[str]:
+    head = ("| gateway | req/s | p50 ms | p99 ms | p99.9 ms | errors / requests | CPU µs/req | RSS idle | "
+            "RSS load |" + (f" req/s vs {ref} | p99 vs {ref} | CPU vs {ref} |" if ref else ""))
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    r = gateways.get(ref) if ref else None
+    for label, g in gateways.items():
+        row = (f"| {label} | {spread(g['rps'])} | {spread(g['p50_ms'], 2)} | {spread(g['p99_ms'], 2)} | "
+               f"{spread(g['p999_ms'], 2)} | {g['errors']:,} / {g['requests']:,} | {spread(g['cpu_us_per_req'], 1)} | "
+               f"{mb(g['rss_idle_kb'])} | {mb(med(g, 'rss_load_kb'))} |")
+        if ref:
+            row += (f" {rx(ratio(med(g, 'rps'), med(r, 'rps')))} | {rx(ratio(med(g, 'p99_ms'), med(r, 'p99_ms')))} |"
+                    f" {rx(ratio(med(g, 'cpu_us_per_req'), med(r, 'cpu_us_per_req')))} |")
+        lines.append(row)
+    return lines
+
+
+# --- sections -----------------------------------------------------------------
+
+def section_proxy(s: dict) -> list[str]:
+    g = s["gateways"]
+    sl, ng = g["sluice"], g["nginx"]
+    return [
+        "## proxy — Membrane test 1",
+        "",
+        f"POST /shop/v2/products, {s['body_bytes']:,}-byte JSON body, keep-alive, {s['connections']} connections "
+        f"(wrk opens {sl['connections']}: it splits them evenly over its threads).",
+        "",
+        *gateway_table(g, "nginx"),
+        "",
+        f"* Target req/s ≥ 1.2x nginx: {verdict(ratio(med(sl, 'rps'), med(ng, 'rps')), 1.2)}",
+        f"* Target p99 ≤ nginx's: {verdict(ratio(med(sl, 'p99_ms'), med(ng, 'p99_ms')), 1.0, False)}",
+        f"* Target CPU/request ≤ 0.8x nginx: "
+        f"{verdict(ratio(med(sl, 'cpu_us_per_req'), med(ng, 'cpu_us_per_req')), 0.8, False)}",
+        "",
+    ]
+
+
+def section_secured(s: dict) -> list[str]:
+    g = s["gateways"]
+    sl, own = g["sluice"], g["sluice-proxy"]
+    return [
+        "## secured — Membrane test 2",
+        "",
+        "HTTPS in (self-signed ECDSA P-256 leaf made with openssl at run time), basic auth, a per-consumer rate "
+        "limit that never rejects, HTTPS (verified against the run's CA, HTTP/1.1) to the upstream; same "
+        f"{s['body_bytes']:,}-byte POST, {s['connections']} connections. `sluice-proxy` is Sluice's own plain-HTTP "
+        "proxy of the same request on the same data plane, run in the same rotation. nginx: `auth_basic` "
+        "(salted SHA-1 `{SSHA}` htpasswd: see the notes), `limit_req` (1,000,000 r/s per `$remote_user`, "
+        "burst 1,000,000), `proxy_ssl_verify on` with session reuse and upstream keep-alive.",
+        "",
+        *gateway_table(g, "nginx"),
+        "",
+        f"* Target ≥ 0.9x Sluice's own proxy: {verdict(ratio(med(sl, 'rps'), med(own, 'rps')), 0.9)}",
+        "",
+    ]
+
+
+def section_openapi(s: dict) -> list[str]:
+    g = s["gateways"]
+    sl, own = g["sluice"], g["sluice-proxy"]
+    return [
+        "## openapi — Membrane test 3",
+        "",
+        "POST /shop/v2/products `{\"name\":\"Mangos\",\"price\":2.79}` (30 bytes) validated against "
+        "`fruitshop-v2-2-0.oas.yml` (request validation on); `sluice-proxy` is the same request through a "
+        "plain API on the same data plane, `nginx-proxy` nginx proxying it without validation (for scale; "
+        "nginx cannot validate). A negative price was checked to get 400 before measuring.",
+        "",
+        *gateway_table(g, "sluice-proxy"),
+        "",
+        f"* Target ≥ 0.95x Sluice's own plain proxy: {verdict(ratio(med(sl, 'rps'), med(own, 'rps')), 0.95)}",
+        "",
+    ]
+
+
+def section_rr(s: dict) -> list[str]:
+    g = s["gateways"]
+    return [
+        "## round-robin — BunGate's test",
+        "",
+        f"GET /api/products spread round robin over {s['upstreams']} upstreams, {s['connections']} connections "
+        "(checked before measuring: 6 requests reach all 3).",
+        "",
+        *gateway_table(g, "nginx"),
+        "",
+        f"* Target ≥ 1.2x nginx: {verdict(ratio(med(g['sluice'], 'rps'), med(g['nginx'], 'rps')), 1.2)}",
+        "",
+    ]
+
+
+def section_memory(s: dict) -> list[str]:
+    g = s["gateways"]
+    sl, ng = g["sluice"], g["nginx"]
+    rows = [("just started, no snapshot", "rss_started_kb"), ("idle, 1 API", "rss_idle_1_api_kb"),
+            ("idle, 1,000 APIs", "rss_idle_1000_apis_kb"), (f"peak under {s['connections']} connections "
+                                                            "(1,000 APIs)", "rss_500_conns_kb"),
+            ("idle again after the load", "rss_after_load_kb")]
+    lines = ["## memory", "",
+             "Resident memory (sum of VmRSS of the gateway's processes: Sluice's data plane; nginx master + "
+             f"workers). nginx has one `location` per API. Load: GET on one of the 1,000 APIs, "
+             f"{s['connections']} connections.", "",
+             "| state | Sluice data plane | nginx |", "|---|---|---|"]
+    for title, key in rows:
+        lines.append(f"| {title} | {mb(sl.get(key))} | {mb(ng.get(key))} |")
+    lines += ["", "Under that load: " + ", ".join(
+        f"{label} {spread(g[label]['load']['rps'])} req/s, p99 {spread(g[label]['load']['p99_ms'], 2)} ms"
+        for label in ("sluice", "nginx")), ""]
+    idle = sl.get("rss_idle_1000_apis_kb")
+    lines += [f"* Target idle data plane ≤ 8 MB (taken with 1,000 APIs loaded): "
+              f"{verdict(None if idle is None else idle / 1024, 8, False, 'MB')}"
+              f" (with 1 API: {mb(sl.get('rss_idle_1_api_kb'))})",
+              f"* Target ≤ 40 MB under {s['connections']} connections: "
+              f"{verdict(None if sl.get('rss_500_conns_kb') is None else sl['rss_500_conns_kb'] / 1024, 40, False, 'MB')}",
+              ""]
+    return lines
+
+
+def section_push(s: dict) -> list[str]:
+    v, sizes, live = s["visible"], s["sizes"], s["live"]
+    lines = ["## push — configuration changes reaching the data planes", "",
+             f"**Write to served.** {v['writes']} admin writes (`PUT /v1/apis/probe` changing a response header); "
+             "for each, the time from the admin call returning until each of the 2 data planes serves the new "
+             "header (polled over keep-alive). The admin call itself took "
+             f"{v['admin_write_ms_p50']:.1f} ms (median). Missed (not seen within 15 s): {v['missed']}.", "",
+             "| | p50 ms | p99 ms |", "|---|---|---|",
+             f"| both data planes | {v['p50_ms']:.1f} | {v['p99_ms']:.1f} |"]
+    for node, x in v["per_data_plane"].items():
+        lines.append(f"| {node} | {x['p50_ms']:.1f} | {x['p99_ms']:.1f} |")
+    lines += ["", f"* Target p99 ≤ 50 ms: {verdict(v['p99_ms'], 50, False, 'ms')}", "",
+              "**Compile + swap and snapshot size.** The whole configuration replaced with N APIs (`PUT "
+              "/v1/config`), then single-API writes on top; compile time from the data plane's "
+              "`sluice_snapshot_compile_seconds` (sum/count deltas per swap); size is the protobuf snapshot as "
+              "the data plane caches it (`--snapshot-cache`).", "",
+              "| APIs | compile+swap ms (median of single-API writes) | first compile ms | snapshot size | "
+              "PUT /v1/config s | PUT → applied on both s | single-API write s | DP RSS | CP RSS |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for n, x in sizes.items():
+        lines.append(f"| {int(n):,} | {num(x['compile_ms_median'], 1)} | {num(x['first_compile_ms'], 1)} | "
+                     f"{num((x['snapshot_bytes'] or 0) / 1024, 0)} KiB | {x['put_config_s']:.2f} | "
+                     f"{x['put_to_applied_s']:.2f} | {x['single_api_write_s_median']:.2f} | {mb(x['dp_rss_kb'])} | "
+                     f"{mb(x['cp_rss_kb'])} |")
+    big = sizes.get("10000", {}).get("compile_ms_median")
+    lines += ["", f"* Target 10,000 APIs compile+swap ≤ 200 ms: {verdict(big, 200, False, 'ms')}", "",
+              "**Live traffic during swaps.** GET through data plane 1 (175 connections) with the 10,000-API "
+              "configuration loaded, alternating runs without writes and runs with one single-API write a "
+              "second (each write makes a full 10,000-API snapshot that both data planes compile and swap). "
+              f"Swaps seen per run: {', '.join(f'{c:.0f}' for c in live['swaps_per_run'])}.", "",
+              *gateway_table({"no swaps": live["quiet"], "swapping every 1 s": live["swapping"]}, "no swaps"), "",
+              f"* Target live p99 during swaps ≤ 1.5x without: {verdict(live['p99_ratio'], 1.5, False)}", ""]
+    return lines
+
+
+def section_soak(s: dict) -> list[str]:
+    r = s["result"]
+    return ["## soak", "",
+            f"{s['target_requests']:,} requests through the `proxy` scenario's Sluice setup (1,066-byte POST, "
+            "175 connections), one wrk run stopped by request count.", "",
+            "| requests | errors (socket + non-2xx) | req/s | p50 ms | p99 ms | p99.9 ms | max ms | RSS before | RSS after |",
+            "|---|---|---|---|---|---|---|---|---|",
+            f"| {r['requests']:,} | {r['errors']:,} | {r['rps']:,.0f} | {r['p50_us'] / 1000:.2f} | "
+            f"{r['p99_us'] / 1000:.2f} | {r['p999_us'] / 1000:.2f} | {r['max_us'] / 1000:.2f} | "
+            f"{mb(s['rss_before_kb'])} | {mb(s['rss_after_kb'])} |", "",
+            f"* Target zero errors: {soak_verdict(r, s['target_requests'])}",
+            ""]
+
+
+def soak_verdict(r: dict, total: int) -> str:
+    if r["errors"] == 0 and r["requests"] >= total:
+        return "**met**"
+    return f"**missed** ({r['errors']:,} errors, {r['requests']:,} of {total:,} requests completed)"
+
+
+SECTIONS = {"proxy": section_proxy, "secured": section_secured, "openapi": section_openapi,
+            "round-robin": section_rr, "memory": section_memory, "push": section_push, "soak": section_soak}
+
+
+# --- chart --------------------------------------------------------------------
+
+def chart(results: dict) -> str:
+    """Two panels of grouped bars (req/s and p99 ms), one group per scenario, one bar per gateway."""
+    groups = [(name, results["scenarios"][name]["gateways"]) for name in CHART_SCENARIOS
+              if name in results["scenarios"] and "error" not in results["scenarios"][name]]
+    width, panel_h, top, left = 900, 260, 60, 70
+    height = top + 2 * (panel_h + 70) + 40
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
+           f'<rect width="{width}" height="{height}" fill="white"/>',
+           f'<text x="{width / 2}" y="24" text-anchor="middle" font-size="16">Sluice vs peers, '
+           f'{escape(results["meta"]["date"])} (median of {results["meta"]["rounds"]} runs; pinned: '
+           f'{"yes" if results["meta"]["pin"] else "no"})</text>']
+    labels = sorted({l for _, g in groups for l in g}, key=lambda l: list(COLORS).index(l) if l in COLORS else 99)
+    for i, label in enumerate(labels):
+        x = left + i * 130
+        out.append(f'<rect x="{x}" y="36" width="12" height="12" fill="{COLORS.get(label, "#888")}"/>'
+                   f'<text x="{x + 16}" y="46">{escape(label)}</text>')
+    for p, (metric, title) in enumerate((("rps", "requests/s (higher is better)"),
+                                         ("p99_ms", "p99 latency, ms (lower is better)"))):
+        y0 = top + p * (panel_h + 70) + 20
+        values = [med(g, metric) or 0 for _, gs in groups for g in gs.values()]
+        vmax = max(values or [1]) * 1.1 or 1
+        out.append(f'<text x="{left}" y="{y0 - 6}" font-size="13" font-weight="bold">{title}</text>')
+        for k in range(5):
+            v = vmax * k / 4
+            y = y0 + panel_h - panel_h * k / 4
+            out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{width - 20}" y2="{y:.1f}" stroke="#ddd"/>'
+                       f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">'
+                       f'{v:,.0f}</text>' if metric == "rps" else
+                       f'<line x1="{left}" y1="{y:.1f}" x2="{width - 20}" y2="{y:.1f}" stroke="#ddd"/>'
+                       f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{v:.1f}</text>')
+        gw = (width - 20 - left) / max(1, len(groups))
+        for gi, (name, gs) in enumerate(groups):
+            bw = min(40, (gw - 30) / max(1, len(gs)))
+            x = left + gi * gw + (gw - bw * len(gs)) / 2
+            for label, g in gs.items():
+                v = med(g, metric) or 0
+                h = panel_h * v / vmax
+                text = f"{v:,.0f}" if metric == "rps" else f"{v:.2f}"
+                out.append(f'<rect x="{x:.1f}" y="{y0 + panel_h - h:.1f}" width="{bw - 2:.1f}" height="{h:.1f}" '
+                           f'fill="{COLORS.get(label, "#888")}"><title>{escape(name)} {escape(label)}: {text}'
+                           f'</title></rect>'
+                           f'<text x="{x + bw / 2 - 1:.1f}" y="{y0 + panel_h - h - 3:.1f}" text-anchor="middle" '
+                           f'font-size="9">{text}</text>')
+                x += bw
+            out.append(f'<text x="{left + gi * gw + gw / 2:.1f}" y="{y0 + panel_h + 16}" text-anchor="middle">'
+                       f'{escape(name)}</text>')
+        out.append(f'<line x1="{left}" y1="{y0 + panel_h}" x2="{width - 20}" y2="{y0 + panel_h}" stroke="#333"/>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+# --- the document ---------------------------------------------------------------
+
+def markdown(results: dict, chart_name: str | None) -> str:
+    m = results["meta"]
+    lines = [
+        "# Sluice benchmark results",
+        "",
+        f"Generated by `bench/run{' --pin' if m['pin'] else ''}` on {m['date']} — do not edit by hand; "
+        "run `bench/run` to regenerate it (`bench/run --help` for options). Raw figures: "
+        "`bench/results/latest.json`.",
+        "",
+        "## Machine and method",
+        "",
+        f"* Machine: {m['cores']} cores ({m['cpu_model']}), {m['memory']}; Linux {m['kernel']}.",
+        f"* Load average (1/5/15 min) at start: {' / '.join(m['loadavg_start'])}; at end: "
+        f"{' / '.join(m.get('loadavg_end', ['-']))}. Per scenario at its start: "
+        + "; ".join(f"{n} {' / '.join(s.get('uptime_before', ['-']))}" for n, s in results["scenarios"].items())
+        + ". Other work (builds, tests) may have shared the machine: the gateways of a scenario ran in turn "
+        "(A B A B ...) so such noise hits each alike; trust ratios more than absolute figures.",
+        f"* Versions: {m['rustc']}; nginx {m['nginx']}; HAProxy {m['haproxy']}; {m['wrk']}; Sluice at git "
+        f"{m['commit']}.",
+        f"* CPU placement: {m['placement']}",
+        f"* Each comparison: a {m['warmup']:.0f} s warm-up per gateway, then {m['rounds']} rounds of "
+        f"{m['duration']:.0f} s, the gateways alternating run by run; figures are the median over the rounds "
+        "with min–max in brackets. Latency percentiles are wrk's (`--latency`; p99.9 from a `done()` Lua hook). "
+        "Errors are wrk's socket errors plus responses with status ≥ 400. CPU per request is utime+stime of the "
+        "gateway's processes (from /proc/PID/stat; Sluice: the data plane, nginx: master + workers, HAProxy: its "
+        "process) over the run, divided by the requests wrk completed. RSS is the sum of VmRSS of those "
+        "processes, idle (before any load) and peak under load (sampled every 0.5 s).",
+        "* Every gateway logs nothing per request (Sluice `--access-log off`, nginx `access_log off`, HAProxy "
+        "without `log`), keeps connections to the upstream alive, and runs as many workers/threads as it has "
+        "cores. Upstreams are `sluice-test-upstream` (an echo server, hyper). All traffic is on 127.0.0.1.",
+        "",
+    ]
+    if chart_name:
+        lines += [f"![req/s and p99 per scenario and gateway]({chart_name})", ""]
+    lines += ["## Targets at a glance", "", *targets_summary(results), ""]
+    for name, s in results["scenarios"].items():
+        if "error" in s:
+            lines += [f"## {name}", "", f"Failed: `{s['error']}`", ""]
+        elif name in SECTIONS:
+            try:
+                lines += SECTIONS[name](s)
+            except Exception as e:  # noqa: BLE001 - a report problem must not lose the other sections
+                lines += [f"## {name}", "", f"(could not render: {e!r}; see latest.json)", ""]
+    lines += notes()
+    return "\n".join(lines) + "\n"
+
+
+def targets_summary(results: dict) -> list[str]:
+    sc = results["scenarios"]
+    rows = ["| scenario | target | measured | verdict |", "|---|---|---|---|"]
+
+    def add(scenario, target, value, goal, higher=True, unit="x"):
+        shown = "-" if value is None else (f"{value:.2f}x" if unit == "x" else f"{value:,.1f} {unit}")
+        rows.append(f"| {scenario} | {target} | {shown} | {verdict(value, goal, higher, unit).split(' (')[0]} |")
+
+    def ok(name):
+        return name in sc and "error" not in sc[name]
+
+    if ok("proxy"):
+        g = sc["proxy"]["gateways"]
+        add("proxy", "req/s ≥ 1.2x nginx", ratio(med(g["sluice"], "rps"), med(g["nginx"], "rps")), 1.2)
+        add("proxy", "p99 ≤ 1.0x nginx", ratio(med(g["sluice"], "p99_ms"), med(g["nginx"], "p99_ms")), 1.0, False)
+        add("proxy", "CPU/req ≤ 0.8x nginx",
+            ratio(med(g["sluice"], "cpu_us_per_req"), med(g["nginx"], "cpu_us_per_req")), 0.8, False)
+    if ok("secured"):
+        g = sc["secured"]["gateways"]
+        add("secured", "≥ 0.9x Sluice proxy", ratio(med(g["sluice"], "rps"), med(g["sluice-proxy"], "rps")), 0.9)
+    if ok("openapi"):
+        g = sc["openapi"]["gateways"]
+        add("openapi", "≥ 0.95x Sluice proxy", ratio(med(g["sluice"], "rps"), med(g["sluice-proxy"], "rps")), 0.95)
+    if ok("round-robin"):
+        g = sc["round-robin"]["gateways"]
+        add("round-robin", "req/s ≥ 1.2x nginx", ratio(med(g["sluice"], "rps"), med(g["nginx"], "rps")), 1.2)
+    if ok("memory"):
+        g = sc["memory"]["gateways"]["sluice"]
+        idle, load = g.get("rss_idle_1000_apis_kb"), g.get("rss_500_conns_kb")
+        add("memory", "idle ≤ 8 MB (1,000 APIs)", None if idle is None else idle / 1024, 8, False, "MB")
+        add("memory", "≤ 40 MB under 500 conns", None if load is None else load / 1024, 40, False, "MB")
+    if ok("push"):
+        p = sc["push"]
+        add("push", "write→served p99 ≤ 50 ms", p["visible"]["p99_ms"], 50, False, "ms")
+        add("push", "10,000 APIs compile+swap ≤ 200 ms", p["sizes"].get("10000", {}).get("compile_ms_median"),
+            200, False, "ms")
+        add("push", "live p99 during swaps ≤ 1.5x", p["live"]["p99_ratio"], 1.5, False)
+    if ok("soak"):
+        r = sc["soak"]["result"]
+        rows.append(f"| soak | 0 errors in 1,000,000 | {r['errors']:,} errors in {r['requests']:,} | "
+                    f"{'**met**' if r['errors'] == 0 and r['requests'] >= 1_000_000 else '**missed**'} |")
+    return rows
+
+
+def notes() -> list[str]:
+    return [
+        "## Notes",
+        "",
+        "* nginx's `auth_basic` runs the htpasswd hash on every request. With an `apr1` (MD5-crypt, 1,000 "
+        "rounds) or SHA-crypt entry that hash, not the proxying, would set nginx's throughput; the run gives "
+        "nginx a salted SHA-1 (`{SSHA}`) entry, a single cheap hash, which is closer to what Sluice does on "
+        "the hot path (a keyed digest of the presented credential, the slow password hash once per credential).",
+        "* On a 2-core machine the client (wrk), the upstream(s) and the gateway share the cores (or, with "
+        "`--pin`, the gateway has core 0 and client + upstream core 1), so absolute figures are far below "
+        "Membrane's published ones on three 16-vCPU machines; only the ratios between gateways measured side "
+        "by side carry over.",
+        "* The write→served time includes the control plane's coalescing of bursts of writes into one push "
+        "(a quiet period of 50 ms by default, at most 250 ms), which is a floor under that figure.",
+        "",
+    ]

@@ -1,0 +1,454 @@
+"""The scenarios of issue 5. Each starts what it needs, measures, stops all of
+it (by pid) and returns a JSON-able dict for results/ and RESULTS.md."""
+
+from __future__ import annotations
+
+import http.client
+import statistics
+import threading
+import time
+
+from . import peers, procs
+from .context import (BASIC_HEADER, BASIC_USER, BASIC_PASSWORD, SMALL_BODY, Context, body_1066, check,
+                      htpasswd_ssha, make_certs)
+from .load import Request, Target, rounds, summarize, wrk
+from .sluice import Sluice
+
+
+def upstream_cfg(name: str, addrs: list[str], scheme: str = "http", **extra) -> dict:
+    return {"name": name, "targets": [{"url": f"{scheme}://{a}"} for a in addrs], "balance": "round_robin", **extra}
+
+
+class Stack:
+    """Everything one scenario started, stopped together at its end."""
+
+    def __init__(self) -> None:
+        self.items: list = []
+
+    def add(self, item):
+        self.items.append(item)
+        return item
+
+    def stop(self) -> None:
+        for item in reversed(self.items):
+            item.stop()
+
+
+def new_sluice(ctx: Context, d, n_data_planes: int = 1, snapshot_cache: bool = False) -> Sluice:
+    s = Sluice(ctx.bins, d, ctx.gateway_cpus, ctx.gateway_cores, cp_cpus=ctx.other_cpus)
+    s.start(n_data_planes, snapshot_cache)
+    return s
+
+
+def load_env() -> dict:
+    return {"uptime_before": open("/proc/loadavg").read().split()[:3]}
+
+
+# --- proxy: Membrane test 1 ---------------------------------------------------
+
+def proxy(ctx: Context) -> dict:
+    d = ctx.scenario_dir("proxy")
+    stack = Stack()
+    info = load_env()
+    try:
+        up, addr = ctx.upstream(d, "u1")
+        stack.add(up)
+        sluice = stack.add(new_sluice(ctx, d))
+        sluice.configure({"upstreams": [upstream_cfg("backend", [addr])],
+                          "apis": [{"name": "shop", "path_prefix": "/shop/v2", "upstream": "backend"}]})
+        body = d / "body.json"
+        body.write_bytes(body_1066())
+        req = Request("POST", body)
+        targets = [Target("sluice", f"http://{sluice.dps[0].http}/shop/v2/products", sluice.dps[0].proc, req)]
+        ng, port = peers.nginx_plain(d, ctx.gateway_cores, ctx.gateway_cpus, [addr])
+        stack.add(ng)
+        targets.append(Target("nginx", f"http://127.0.0.1:{port}/shop/v2/products", ng, req))
+        if peers.have_haproxy():
+            hp, hport = peers.start_haproxy(d, ctx.gateway_cores, ctx.gateway_cpus, [addr])
+            stack.add(hp)
+            targets.append(Target("haproxy", f"http://127.0.0.1:{hport}/shop/v2/products", hp, req))
+        for t in targets:
+            echo = check(t)
+            assert echo.get("body_len") == 1066, f"{t.label} forwarded {echo.get('body_len')} bytes"
+        gateways = rounds(targets, 175, ctx.duration, ctx.warmup, ctx.rounds, ctx.layout)
+        return {**info, "body_bytes": 1066, "connections": 175, "gateways": gateways}
+    finally:
+        stack.stop()
+
+
+# --- secured: Membrane test 2 -------------------------------------------------
+
+def secured(ctx: Context) -> dict:
+    d = ctx.scenario_dir("secured")
+    stack = Stack()
+    info = load_env()
+    try:
+        certs = make_certs(d / "certs")
+        up_tls, addr_tls = ctx.upstream(d, "u-tls", tls=certs)
+        stack.add(up_tls)
+        up, addr = ctx.upstream(d, "u-plain")
+        stack.add(up)
+        sluice = stack.add(new_sluice(ctx, d))
+        sluice.configure({
+            "certificates": [{"name": "bench", "chain": certs.leaf.read_text(), "key": certs.leaf_key.read_text(),
+                              "default": True}],
+            "upstreams": [upstream_cfg("backend-tls", [addr_tls], "https", tls={"ca_bundle": certs.ca.read_text()}),
+                          upstream_cfg("backend", [addr])],
+            "consumers": [{"username": BASIC_USER, "basic_auth": {"password": BASIC_PASSWORD}}],
+            "apis": [
+                {"name": "shop", "path_prefix": "/shop/v2", "upstream": "backend-tls",
+                 "policies": [{"basic_auth": {}},
+                              {"rate_limit": {"requests": 1_000_000_000, "per": "1h", "key": "consumer"}}]},
+                # Sluice's own plain proxy of the same request, for the secured/proxy ratio.
+                {"name": "plain", "path_prefix": "/plain", "strip_prefix": True, "upstream": "backend"},
+            ]})
+        body = d / "body.json"
+        body.write_bytes(body_1066())
+        dp = sluice.dps[0]
+        secured_req = Request("POST", body, BASIC_HEADER)
+        targets = [
+            Target("sluice", f"https://{dp.https}/shop/v2/products", dp.proc, secured_req),
+            Target("sluice-proxy", f"http://{dp.http}/plain/shop/v2/products", dp.proc, Request("POST", body)),
+        ]
+        ng, port = peers.nginx_secured(d, ctx.gateway_cores, ctx.gateway_cpus, addr_tls, peers.Tls(
+            certs.leaf, certs.leaf_key, certs.ca), htpasswd_ssha(d / "htpasswd"))
+        stack.add(ng)
+        targets.append(Target("nginx", f"https://127.0.0.1:{port}/shop/v2/products", ng, secured_req))
+        for t in targets:
+            echo = check(t)
+            assert echo.get("body_len") == 1066, f"{t.label} forwarded {echo.get('body_len')} bytes"
+            if t.label != "sluice-proxy":
+                hdrs = {k.lower(): v for k, v in echo.get("headers", {}).items()}
+                assert "authorization" not in hdrs, f"{t.label} forwarded the credentials"
+                assert hdrs.get("x-consumer-username") == BASIC_USER, f"{t.label}: no consumer header"
+        for t in targets[:1] + targets[2:]:
+            bad = Target(t.label, t.url, t.gateway, Request("POST", body, "Basic Zm9vOmJhcg=="))
+            try:
+                check(bad)
+                raise AssertionError(f"{t.label} let a wrong password through")
+            except RuntimeError as e:
+                assert "401" in str(e), e
+        gateways = rounds(targets, 175, ctx.duration, ctx.warmup, ctx.rounds, ctx.layout)
+        return {**info, "body_bytes": 1066, "connections": 175, "gateways": gateways}
+    finally:
+        stack.stop()
+
+
+# --- openapi: Membrane test 3 -------------------------------------------------
+
+def openapi(ctx: Context) -> dict:
+    d = ctx.scenario_dir("openapi")
+    stack = Stack()
+    info = load_env()
+    try:
+        up, addr = ctx.upstream(d, "u1")
+        stack.add(up)
+        spec = (ctx.fixtures / "fruitshop-v2-2-0.oas.yml").read_text()
+        sluice = stack.add(new_sluice(ctx, d))
+        sluice.configure({
+            "upstreams": [upstream_cfg("backend", [addr])],
+            "specs": [{"name": "fruitshop", "content": spec}],
+            "apis": [
+                {"name": "shop", "path_prefix": "/shop/v2", "upstream": "backend",
+                 "openapi": {"spec": "fruitshop", "validate_requests": True}},
+                {"name": "plain", "path_prefix": "/plain", "strip_prefix": True, "upstream": "backend"},
+            ]})
+        body = d / "body.json"
+        body.write_bytes(SMALL_BODY)
+        bad = d / "bad.json"
+        bad.write_bytes(b'{"name":"Mangos","price":-1}')
+        dp = sluice.dps[0]
+        req = Request("POST", body)
+        targets = [
+            Target("sluice", f"http://{dp.http}/shop/v2/products", dp.proc, req),
+            Target("sluice-proxy", f"http://{dp.http}/plain/shop/v2/products", dp.proc, req),
+        ]
+        ng, port = peers.nginx_plain(d, ctx.gateway_cores, ctx.gateway_cpus, [addr])
+        stack.add(ng)
+        targets.append(Target("nginx-proxy", f"http://127.0.0.1:{port}/shop/v2/products", ng, req))
+        for t in targets:
+            check(t)
+        try:
+            check(Target("x", targets[0].url, dp.proc, Request("POST", bad)))
+            raise AssertionError("the openapi API accepted a negative price: validation is not on")
+        except RuntimeError as e:
+            assert "400" in str(e), e
+        gateways = rounds(targets, 175, ctx.duration, ctx.warmup, ctx.rounds, ctx.layout)
+        return {**info, "body_bytes": len(SMALL_BODY), "connections": 175, "gateways": gateways}
+    finally:
+        stack.stop()
+
+
+# --- round-robin: BunGate's test ----------------------------------------------
+
+def round_robin(ctx: Context) -> dict:
+    d = ctx.scenario_dir("round-robin")
+    stack = Stack()
+    info = load_env()
+    try:
+        addrs = []
+        for i in range(3):
+            up, addr = ctx.upstream(d, f"rr{i + 1}")
+            stack.add(up)
+            addrs.append(addr)
+        sluice = stack.add(new_sluice(ctx, d))
+        sluice.configure({"upstreams": [upstream_cfg("pool", addrs)],
+                          "apis": [{"name": "rr", "path_prefix": "/", "upstream": "pool"}]})
+        dp = sluice.dps[0]
+        targets = [Target("sluice", f"http://{dp.http}/api/products", dp.proc)]
+        ng, port = peers.nginx_plain(d, ctx.gateway_cores, ctx.gateway_cpus, addrs)
+        stack.add(ng)
+        targets.append(Target("nginx", f"http://127.0.0.1:{port}/api/products", ng))
+        if peers.have_haproxy():
+            hp, hport = peers.start_haproxy(d, ctx.gateway_cores, ctx.gateway_cpus, addrs)
+            stack.add(hp)
+            targets.append(Target("haproxy", f"http://127.0.0.1:{hport}/api/products", hp))
+        spread = {}
+        for t in targets:
+            seen = [check(t).get("server") for _ in range(6)]
+            spread[t.label] = sorted(set(seen))
+            assert len(set(seen)) == 3, f"{t.label} did not spread over the 3 upstreams: {seen}"
+        gateways = rounds(targets, 150, ctx.duration, ctx.warmup, ctx.rounds, ctx.layout)
+        return {**info, "connections": 150, "upstreams": 3, "gateways": gateways}
+    finally:
+        stack.stop()
+
+
+# --- memory -------------------------------------------------------------------
+
+def many_apis(n: int, upstream: str = "backend") -> list[dict]:
+    return [{"name": f"api-{i:05d}", "path_prefix": f"/api/{i:05d}", "upstream": upstream} for i in range(n)]
+
+
+def settle_rss(proc: procs.Proc, secs: float = 1.5) -> int:
+    time.sleep(secs)
+    return proc.rss_kb()
+
+
+def memory(ctx: Context) -> dict:
+    d = ctx.scenario_dir("memory")
+    stack = Stack()
+    info = load_env()
+    try:
+        up, addr = ctx.upstream(d, "u1")
+        stack.add(up)
+        sluice = stack.add(new_sluice(ctx, d))
+        dp = sluice.dps[0]
+        out = {"sluice": {}, "nginx": {}}
+        out["sluice"]["rss_started_kb"] = settle_rss(dp.proc)
+        sluice.configure({"upstreams": [upstream_cfg("backend", [addr])],
+                          "apis": [{"name": "shop", "path_prefix": "/shop/v2", "upstream": "backend"}]})
+        out["sluice"]["rss_idle_1_api_kb"] = settle_rss(dp.proc)
+        sluice.configure({"upstreams": [upstream_cfg("backend", [addr])], "apis": many_apis(1000)})
+        out["sluice"]["rss_idle_1000_apis_kb"] = settle_rss(dp.proc)
+
+        ng1, _ = peers.nginx_plain(d / "min", ctx.gateway_cores, ctx.gateway_cpus, [addr])
+        out["nginx"]["rss_idle_1_api_kb"] = settle_rss(ng1)
+        ng1.stop()
+        ng, port = peers.nginx_plain(d, ctx.gateway_cores, ctx.gateway_cpus, [addr],
+                                     locations=[f"/api/{i:05d}" for i in range(1000)])
+        stack.add(ng)
+        out["nginx"]["rss_idle_1000_apis_kb"] = settle_rss(ng)
+        targets = [Target("sluice", f"http://{dp.http}/api/00500/products", dp.proc),
+                   Target("nginx", f"http://127.0.0.1:{port}/api/00500/products", ng)]
+        for t in targets:
+            check(t)
+        loaded = rounds(targets, 500, ctx.duration, ctx.warmup, max(1, ctx.rounds - 1), ctx.layout)
+        for label, summary in loaded.items():
+            out[label]["rss_500_conns_kb"] = summary["rss_load_kb"]["max"]
+            out[label]["load"] = summary
+            out[label]["rss_after_load_kb"] = settle_rss(targets[0].gateway if label == "sluice" else ng)
+        return {**info, "apis": 1000, "connections": 500, "gateways": out}
+    finally:
+        stack.stop()
+
+
+# --- push -----------------------------------------------------------------------
+
+def probe_api(rev: int) -> dict:
+    return {"name": "probe", "path_prefix": "/probe", "upstream": "backend",
+            "policies": [{"headers": {"response": {"set": {"x-bench-rev": str(rev)}}}}]}
+
+
+def watch_rev(hostport: str, rev: int, t0: float, out: dict, key: str, timeout: float = 15.0) -> None:
+    """Polls the data plane (keep-alive) until it serves x-bench-rev == rev; records seconds since t0."""
+    host, port = hostport.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=5)
+    want = str(rev)
+    try:
+        while time.perf_counter() - t0 < timeout:
+            conn.request("GET", "/probe/x")
+            resp = conn.getresponse()
+            resp.read()
+            if resp.getheader("x-bench-rev") == want:
+                out[key] = time.perf_counter() - t0
+                return
+    finally:
+        conn.close()
+    out[key] = None
+
+
+def compile_stats(dp) -> tuple[float, float]:
+    return (dp.metric("sluice_snapshot_compile_seconds_sum") or 0.0,
+            dp.metric("sluice_snapshot_compile_seconds_count") or 0.0)
+
+
+def percentile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    k = max(0, min(len(values) - 1, round(q / 100 * (len(values) - 1))))
+    return values[k]
+
+
+def push(ctx: Context) -> dict:
+    d = ctx.scenario_dir("push")
+    stack = Stack()
+    info = load_env()
+    try:
+        up, addr = ctx.upstream(d, "u1")
+        stack.add(up)
+        sluice = stack.add(new_sluice(ctx, d, n_data_planes=2, snapshot_cache=True))
+        dp1, dp2 = sluice.dps
+        base = {"upstreams": [upstream_cfg("backend", [addr])], "apis": [probe_api(0)]}
+        sluice.configure(base)
+
+        # 1. admin write -> new behaviour served on each data plane
+        writes = 20 if ctx.quick else 100
+        procs.log(f"  {writes} writes, watching both data planes")
+        per_dp: dict[str, list[float]] = {dp1.node_id: [], dp2.node_id: []}
+        write_s, missed = [], 0
+        for rev in range(1, writes + 1):
+            w0 = time.perf_counter()
+            sluice.put_api(probe_api(rev))
+            t0 = time.perf_counter()
+            write_s.append(t0 - w0)
+            seen: dict = {}
+            threads = [threading.Thread(target=watch_rev, args=(dp.http, rev, t0, seen, dp.node_id))
+                       for dp in (dp1, dp2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            for node, secs in seen.items():
+                if secs is None:
+                    missed += 1
+                else:
+                    per_dp[node].append(secs * 1000)
+            time.sleep(0.02)
+        every = [v for vs in per_dp.values() for v in vs]
+        visible = {
+            "writes": writes, "missed": missed,
+            "admin_write_ms_p50": statistics.median(write_s) * 1000,
+            "p50_ms": statistics.median(every), "p99_ms": percentile(every, 99), "max_ms": max(every),
+            "per_data_plane": {n: {"p50_ms": statistics.median(v), "p99_ms": percentile(v, 99)}
+                               for n, v in per_dp.items() if v},
+        }
+        procs.log(f"  write->served p50 {visible['p50_ms']:.1f} ms p99 {visible['p99_ms']:.1f} ms")
+
+        # 2. compile+swap time and snapshot size for 1,000 and 10,000 APIs
+        sizes = {}
+        for n in (1000, 10000):
+            config = {"upstreams": [upstream_cfg("backend", [addr])], "apis": [probe_api(0), *many_apis(n)]}
+            before = compile_stats(dp1)
+            w0 = time.perf_counter()
+            version = sluice.put_config(config)
+            put_s = time.perf_counter() - w0
+            sluice.wait_applied(version, timeout=300)
+            applied_s = time.perf_counter() - w0
+            after = compile_stats(dp1)
+            first = (after[0] - before[0]) / max(1.0, after[1] - before[1])
+            swaps = []
+            single_writes = []
+            for k in range(1 if ctx.quick else 3):
+                before = compile_stats(dp1)
+                w0 = time.perf_counter()
+                version = sluice.put_api({**many_apis(1)[0], "strip_prefix": k % 2 == 0})
+                single_writes.append(time.perf_counter() - w0)
+                sluice.wait_applied(version, timeout=300)
+                after = compile_stats(dp1)
+                if after[1] > before[1]:
+                    swaps.append((after[0] - before[0]) / (after[1] - before[1]))
+            cache = d / f"{dp2.node_id}.snapshot"
+            sizes[str(n)] = {
+                "apis": n + 1,
+                "put_config_s": put_s, "put_to_applied_s": applied_s,
+                "first_compile_ms": first * 1000,
+                "compile_ms": [s * 1000 for s in swaps],
+                "compile_ms_median": statistics.median(swaps) * 1000 if swaps else None,
+                "single_api_write_s_median": statistics.median(single_writes),
+                "snapshot_bytes": cache.stat().st_size if cache.exists() else None,
+                "dp_rss_kb": dp1.proc.rss_kb(),
+                "cp_rss_kb": sluice.cp.rss_kb(),
+            }
+            procs.log(f"  {n} APIs: compile {sizes[str(n)]['compile_ms_median']} ms, "
+                      f"snapshot {sizes[str(n)]['snapshot_bytes']} bytes, PUT {put_s:.2f}s")
+
+        # 3. live traffic p99 while 10,000-API snapshots swap every second, vs. without
+        target = Target("sluice", f"http://{dp1.http}/probe/x", dp1.proc)
+        check(target)
+        wrk(target, 175, ctx.warmup, ctx.layout, sample_rss=False)
+        runs = {"quiet": [], "swapping": []}
+        swap_counts = []
+        for r in range(ctx.rounds):
+            for mode in ("quiet", "swapping"):
+                stop = threading.Event()
+                puts = [0]
+
+                def swapper() -> None:
+                    k = 0
+                    while not stop.is_set():
+                        t = time.monotonic()
+                        k += 1
+                        sluice.put_api({**many_apis(1)[0], "strip_prefix": k % 2 == 0})
+                        puts[0] += 1
+                        stop.wait(max(0.0, 1.0 - (time.monotonic() - t)))
+
+                before = compile_stats(dp1)
+                th = threading.Thread(target=swapper, daemon=True)
+                if mode == "swapping":
+                    th.start()
+                result = wrk(target, 175, ctx.duration, ctx.layout)
+                stop.set()
+                if mode == "swapping":
+                    th.join()
+                    swap_counts.append(compile_stats(dp1)[1] - before[1])
+                runs[mode].append(result)
+                procs.log(f"  round {r + 1} {mode:<9} {result['rps']:>8.0f} req/s p99 "
+                          f"{result['p99_us'] / 1000:.2f} ms errors {result['errors']}"
+                          + (f" swaps {swap_counts[-1]:.0f}" if mode == "swapping" else ""))
+        live = {m: summarize(rs, dp1.proc.rss_kb()) for m, rs in runs.items()}
+        live["swaps_per_run"] = swap_counts
+        q, s = live["quiet"]["p99_ms"]["median"], live["swapping"]["p99_ms"]["median"]
+        live["p99_ratio"] = s / q if q else None
+        return {**info, "visible": visible, "sizes": sizes, "live": live}
+    finally:
+        stack.stop()
+
+
+# --- soak -------------------------------------------------------------------------
+
+def soak(ctx: Context, total: int = 1_000_000) -> dict:
+    d = ctx.scenario_dir("soak")
+    stack = Stack()
+    info = load_env()
+    try:
+        up, addr = ctx.upstream(d, "u1")
+        stack.add(up)
+        sluice = stack.add(new_sluice(ctx, d))
+        sluice.configure({"upstreams": [upstream_cfg("backend", [addr])],
+                          "apis": [{"name": "shop", "path_prefix": "/shop/v2", "upstream": "backend"}]})
+        body = d / "body.json"
+        body.write_bytes(body_1066())
+        dp = sluice.dps[0]
+        target = Target("sluice", f"http://{dp.http}/shop/v2/products", dp.proc, Request("POST", body))
+        check(target)
+        rss_before = dp.proc.rss_kb()
+        procs.log(f"  {total} requests (bounded at 600 s)")
+        result = wrk(target, 175, 600, ctx.layout, stop_after_total=total)
+        return {**info, "target_requests": total, "result": result, "rss_before_kb": rss_before,
+                "rss_after_kb": settle_rss(dp.proc)}
+    finally:
+        stack.stop()
+
+
+ALL = {"proxy": proxy, "secured": secured, "openapi": openapi, "round-robin": round_robin,
+       "memory": memory, "push": push, "soak": soak}
