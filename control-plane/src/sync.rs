@@ -297,13 +297,35 @@ fn now_ms() -> i64 {
     i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX)
 }
 
-fn peer_string(peer: Option<SocketAddr>) -> String {
-    peer.map(|addr| addr.to_string()).unwrap_or_default()
+/// Where operators can reach the node's proxy: the first address it says it
+/// serves on, with a wildcard IP (`0.0.0.0:8080`) replaced by the IP it
+/// connected from; the stream's peer address when it reports none.
+fn proxy_address(proxy_addresses: &[String], peer: Option<SocketAddr>) -> String {
+    let reported = proxy_addresses.first().and_then(|a| a.parse::<SocketAddr>().ok());
+    match (reported, peer) {
+        (Some(addr), Some(peer)) if addr.ip().is_unspecified() => SocketAddr::new(peer.ip(), addr.port()).to_string(),
+        (Some(addr), _) => addr.to_string(),
+        (None, peer) => peer.map(|addr| addr.to_string()).unwrap_or_default(),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn proxy_address_prefers_the_reported_listener() {
+        let peer: Option<SocketAddr> = "10.1.2.3:50000".parse().ok();
+        let cases = [
+            (vec!["0.0.0.0:8080".to_string()], peer, "10.1.2.3:8080"),
+            (vec!["127.0.0.1:8081".to_string()], peer, "127.0.0.1:8081"),
+            (vec![], peer, "10.1.2.3:50000"),
+            (vec![], None, ""),
+        ];
+        for (reported, peer, expected) in cases {
+            assert_eq!(proxy_address(&reported, peer), expected, "{reported:?}");
+        }
+    }
 
     #[test]
     fn truncate_cuts_on_char_boundaries() {

@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tonic::{Status, Streaming};
 
 use super::latest::Latest;
-use super::{SyncService, now_ms, peer_string, truncate};
+use super::{SyncService, now_ms, proxy_address, truncate};
 use crate::store::DataPlaneRecord;
 
 /// NACKed snapshots remembered per stream. Bounded so a node that NACKs
@@ -91,7 +91,7 @@ impl Session {
         let record = DataPlaneRecord {
             node_id: hello.node_id.clone(),
             hostname: hello.hostname.clone(),
-            address: peer_string(peer),
+            address: proxy_address(&hello.proxy_addresses, peer),
             software_version: hello.software_version.clone(),
             protocol_version: hello.protocol_version,
             applied_version: reported_hash.as_ref().map(|_| hello.current_version),
