@@ -58,7 +58,10 @@ pub struct Api {
     pub strip_prefix: bool,
     #[serde(default, skip_serializing_if = "is_false")]
     pub preserve_host: bool,
-    /// Name of the upstream requests are forwarded to.
+    /// Name of the upstream requests are forwarded to. May be left out when
+    /// `openapi` binds a spec: the API then forwards to the spec's first
+    /// server, and a `/` path prefix becomes the server's base path.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schema(example = "shop-backend")]
     pub upstream: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -3,12 +3,14 @@
 //! every write transaction, so a change that cannot become a valid snapshot is
 //! never committed.
 
+use std::collections::BTreeMap;
+
 use sluice_proto::v1;
 use sluice_proto::{Violation, canonicalize, content_hash, validate};
 
 use crate::model::{self, Balance, Config, HashSource, Policy, RateLimitKey};
 use crate::secrets::SecretBox;
-use crate::specs::parse_spec;
+use crate::specs::{ParsedSpec, parse_spec};
 
 /// Converts, canonicalizes, validates and hashes. `version` is left at 0 for
 /// the store to fill in. Secrets must already be in stored form (see
@@ -20,13 +22,20 @@ pub fn build_snapshot(
     api_key_hmac_key: &[u8],
 ) -> Result<v1::Snapshot, Vec<Violation>> {
     let mut violations = Vec::new();
+    let parsed_specs: BTreeMap<&str, ParsedSpec> =
+        config.specs.iter().filter_map(|s| parse(s, &mut violations).map(|p| (s.name.as_str(), p))).collect();
+    let mut upstreams: Vec<v1::Upstream> = config.upstreams.iter().map(upstream).collect();
+    let apis = config.apis.iter().map(|a| api(a, &parsed_specs, &mut upstreams)).collect();
     let mut snapshot = v1::Snapshot {
         version: 0,
         hash: String::new(),
-        apis: config.apis.iter().map(api).collect(),
-        upstreams: config.upstreams.iter().map(upstream).collect(),
+        apis,
+        upstreams,
         consumers: config.consumers.iter().filter_map(|c| consumer(c, secrets, &mut violations)).collect(),
-        specs: config.specs.iter().filter_map(|s| spec(s, &mut violations)).collect(),
+        specs: parsed_specs
+            .iter()
+            .map(|(name, parsed)| v1::Spec { name: (*name).to_string(), json: parsed.json.to_string() })
+            .collect(),
         certificates: config.certificates.iter().filter_map(|c| certificate(c, secrets, &mut violations)).collect(),
         api_key_hmac_key: api_key_hmac_key.to_vec(),
     };
@@ -45,16 +54,30 @@ fn violation(path: String, message: impl Into<String>) -> Violation {
     Violation { path, message: message.into() }
 }
 
-fn api(api: &model::Api) -> v1::Api {
+fn api(api: &model::Api, specs: &BTreeMap<&str, ParsedSpec>, upstreams: &mut Vec<v1::Upstream>) -> v1::Api {
+    let mut path_prefix = api.path_prefix.clone();
+    let mut upstream_name = api.upstream.clone();
+    if let Some(spec) =
+        api.openapi.as_ref().filter(|_| api.upstream.is_empty()).and_then(|o| specs.get(o.spec.as_str()))
+    {
+        if let Some(origin) = &spec.server_origin {
+            upstream_name = spec_upstream(upstreams, api.openapi.as_ref().map_or("", |o| o.spec.as_str()), origin);
+        }
+        if path_prefix == "/"
+            && let Some(base) = &spec.base_path
+        {
+            path_prefix = base.clone();
+        }
+    }
     v1::Api {
         name: api.name.clone(),
         hosts: api.hosts.iter().map(|h| h.to_ascii_lowercase()).collect(),
-        path_prefix: api.path_prefix.clone(),
+        path_prefix,
         paths: api.paths.clone(),
         methods: api.methods.clone(),
         strip_prefix: api.strip_prefix,
         preserve_host: api.preserve_host,
-        upstream: api.upstream.clone(),
+        upstream: upstream_name,
         policies: api.policies.iter().map(policy).collect(),
         openapi: api.openapi.as_ref().map(|o| v1::OpenApiBinding {
             spec: o.spec.clone(),
@@ -65,6 +88,21 @@ fn api(api: &model::Api) -> v1::Api {
         request_timeout_ms: api.request_timeout.map_or(0, |d| d.as_millis_u64()),
         retries: api.retries.unwrap_or(0),
     }
+}
+
+/// The upstream an API created from a spec alone forwards to, named after the
+/// spec (`spec.<name>`, a name users cannot collide with by accident since
+/// they pick their own) and shared by every API bound to that spec.
+fn spec_upstream(upstreams: &mut Vec<v1::Upstream>, spec: &str, origin: &str) -> String {
+    let name = format!("spec.{spec}");
+    if !upstreams.iter().any(|u| u.name == name) {
+        upstreams.push(v1::Upstream {
+            name: name.clone(),
+            targets: vec![v1::Target { url: origin.to_string(), weight: 1 }],
+            ..Default::default()
+        });
+    }
+    name
 }
 
 fn policy(policy: &Policy) -> v1::Policy {
@@ -229,14 +267,10 @@ fn consumer(consumer: &model::Consumer, secrets: &SecretBox, violations: &mut Ve
     })
 }
 
-fn spec(spec: &model::Spec, violations: &mut Vec<Violation>) -> Option<v1::Spec> {
-    match parse_spec(&spec.content) {
-        Ok(parsed) => Some(v1::Spec { name: spec.name.clone(), json: parsed.json.to_string() }),
-        Err(e) => {
-            violations.push(violation(format!("/specs/{}/content", spec.name), e.to_string()));
-            None
-        }
-    }
+fn parse(spec: &model::Spec, violations: &mut Vec<Violation>) -> Option<ParsedSpec> {
+    parse_spec(&spec.content)
+        .map_err(|e| violations.push(violation(format!("/specs/{}/content", spec.name), e.to_string())))
+        .ok()
 }
 
 fn certificate(
@@ -269,4 +303,53 @@ fn certificate(
         default: cert.default,
         not_after,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Api, Spec};
+
+    fn fruitshop() -> Spec {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/fruitshop-v2-2-0.oas.yml");
+        Spec {
+            name: "fruitshop".into(),
+            content: std::fs::read_to_string(path).unwrap(),
+            openapi_version: None,
+            title: None,
+        }
+    }
+
+    fn api_from_spec(name: &str, path_prefix: &str) -> Api {
+        serde_json::from_value(serde_json::json!({
+            "name": name, "path_prefix": path_prefix, "openapi": { "spec": "fruitshop" }
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn an_api_bound_to_a_spec_alone_forwards_to_its_first_server() {
+        let secrets = SecretBox::from_key_material(&"00".repeat(32)).unwrap();
+        let config = Config {
+            specs: vec![fruitshop()],
+            apis: vec![api_from_spec("shop", "/"), api_from_spec("shop-old", "/legacy")],
+            ..Config::default()
+        };
+        let snapshot = build_snapshot(&config, &secrets, &[0; 32]).unwrap();
+        let shop = &snapshot.apis[0];
+        assert_eq!((shop.path_prefix.as_str(), shop.upstream.as_str()), ("/shop/v2", "spec.fruitshop"));
+        assert_eq!(snapshot.apis[1].path_prefix, "/legacy", "an explicit prefix is kept");
+        assert_eq!(snapshot.upstreams.len(), 1, "one upstream shared by both APIs");
+        assert_eq!(snapshot.upstreams[0].targets[0].url, "https://api.predic8.de");
+        assert!(snapshot.apis.iter().all(|a| a.openapi.as_ref().is_some_and(|o| o.validate_requests)));
+    }
+
+    #[test]
+    fn without_spec_or_upstream_the_api_is_refused() {
+        let secrets = SecretBox::from_key_material(&"00".repeat(32)).unwrap();
+        let api: Api = serde_json::from_value(serde_json::json!({ "name": "lost", "path_prefix": "/x" })).unwrap();
+        let config = Config { apis: vec![api], ..Config::default() };
+        let violations = build_snapshot(&config, &secrets, &[0; 32]).unwrap_err();
+        assert_eq!(violations[0].path, "/apis/lost/upstream");
+    }
 }

@@ -16,6 +16,9 @@ pub struct ParsedSpec {
     /// Path part of `servers[0].url` (server variables replaced by their defaults), without a trailing slash;
     /// `None` when there is no server or it sits at the root.
     pub base_path: Option<String>,
+    /// `scheme://host:port` of `servers[0].url` when it is absolute: where an
+    /// API created from the spec alone forwards to.
+    pub server_origin: Option<String>,
     pub json: Value,
 }
 
@@ -156,8 +159,10 @@ pub fn parse_spec(content: &str) -> Result<ParsedSpec, SpecError> {
         return Err(SpecError::BadRefs(problems));
     }
 
-    let base_path = root.get("servers").and_then(|s| s.get(0)).and_then(server_base_path);
-    Ok(ParsedSpec { openapi_version: openapi, title, api_version, path_count, base_path, json })
+    let first_server = root.get("servers").and_then(|s| s.get(0));
+    let base_path = first_server.and_then(server_base_path);
+    let server_origin = first_server.and_then(server_origin);
+    Ok(ParsedSpec { openapi_version: openapi, title, api_version, path_count, base_path, server_origin, json })
 }
 
 fn version_flavor(version: &str) -> Option<Flavor> {
@@ -274,7 +279,8 @@ fn percent_decode(input: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-fn server_base_path(server: &Value) -> Option<String> {
+/// The server URL with each `{variable}` replaced by its default.
+fn server_url(server: &Value) -> Option<String> {
     let mut url = server.get("url")?.as_str()?.to_owned();
     if let Some(Value::Object(variables)) = server.get("variables") {
         for (name, variable) in variables {
@@ -283,6 +289,18 @@ fn server_base_path(server: &Value) -> Option<String> {
             }
         }
     }
+    Some(url)
+}
+
+fn server_origin(server: &Value) -> Option<String> {
+    let url = server_url(server)?;
+    let (scheme, rest) = url.split_once("://")?;
+    let authority = rest.split(['/', '?', '#']).next().filter(|a| !a.is_empty())?;
+    matches!(scheme, "http" | "https").then(|| format!("{scheme}://{authority}"))
+}
+
+fn server_base_path(server: &Value) -> Option<String> {
+    let url = server_url(server)?;
     let path = match url.find("://") {
         Some(scheme_end) => {
             let after_authority = &url[scheme_end + 3..];
@@ -318,6 +336,7 @@ mod tests {
         assert_eq!(spec.title, "Fruit Shop API");
         assert_eq!(spec.api_version, "2.2.0");
         assert_eq!(spec.base_path.as_deref(), Some("/shop/v2"));
+        assert_eq!(spec.server_origin.as_deref(), Some("https://api.predic8.de"));
         assert!(spec.path_count > 5, "path_count {}", spec.path_count);
         assert_eq!(spec.json["info"]["title"], "Fruit Shop API");
     }
