@@ -1,5 +1,6 @@
 //! The admin subcommands: apply, export, status, rollback, validate.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{Context, bail};
@@ -37,12 +38,20 @@ pub async fn apply(client: &AdminClient, file: &Path, dry_run: bool, output: Out
     let document = read_config_file(file)?;
     eprintln!("{} {} ...", if dry_run { "checking" } else { "applying" }, file.display());
     let path = if dry_run { "/v1/config?dry_run=true" } else { "/v1/config" };
+    // The server names what changes; the changed fields are shown by comparing
+    // the file with the configuration as it was before, so a reviewer sees
+    // what the edit does. Taken first: after a real apply it is already gone.
+    let before = match output {
+        Output::Table => client.call(Method::GET, "/v1/config", None).await.ok(),
+        Output::Json => None,
+    };
     let result = client.call(Method::PUT, path, Some(&document)).await?;
     if output == Output::Json {
         println!("{}", serde_json::to_string_pretty(&result)?);
         return Ok(());
     }
-    print_diff(result.get("diff").unwrap_or(&Value::Null));
+    let diff = result.get("diff").unwrap_or(&Value::Null);
+    print_diff(diff, &document, before.as_ref());
     let version = result.get("version").and_then(Value::as_u64).unwrap_or_default();
     let changed = result.get("changed").and_then(Value::as_bool).unwrap_or(false);
     match (dry_run, changed) {
@@ -53,18 +62,88 @@ pub async fn apply(client: &AdminClient, file: &Path, dry_run: bool, output: Out
     Ok(())
 }
 
-fn print_diff(diff: &Value) {
+fn print_diff(diff: &Value, wanted: &Value, current: Option<&Value>) {
     let mut any = false;
     for (kind, changes) in diff.as_object().into_iter().flatten() {
         for (verb, sign) in [("added", '+'), ("changed", '~'), ("removed", '-')] {
             for name in changes.get(verb).and_then(Value::as_array).into_iter().flatten() {
-                println!("{sign} {kind}/{}", name.as_str().unwrap_or_default());
+                let name = name.as_str().unwrap_or_default();
+                println!("{sign} {kind}/{name}");
                 any = true;
+                if verb == "changed"
+                    && let Some(current) = current
+                {
+                    for line in field_changes(kind, name, current, wanted) {
+                        println!("    {line}");
+                    }
+                }
             }
         }
     }
     if !any {
         println!("(no differences)");
+    }
+}
+
+/// `policies/1/rate_limit/requests: 2000000 -> 1000` for one resource, both
+/// sides read through the config model so that defaults left out of a file
+/// do not show as changes. Stored secret digests and read-only fields are left
+/// out: a file holds the secret itself, so they always differ.
+fn field_changes(kind: &str, name: &str, current: &Value, wanted: &Value) -> Vec<String> {
+    let normalize = |document: &Value| -> Option<Value> {
+        let config: Config = serde_json::from_value(document.clone()).ok()?;
+        serde_json::to_value(config).ok()
+    };
+    let (Some(before), Some(after)) = (normalize(current), normalize(wanted)) else { return Vec::new() };
+    let find = |document: &Value| -> BTreeMap<String, String> {
+        let mut fields = BTreeMap::new();
+        let resource = document[kind]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| r.get("name").or_else(|| r.get("username")).and_then(Value::as_str) == Some(name));
+        if let Some(resource) = resource {
+            flatten("", resource, &mut fields);
+        }
+        fields
+    };
+    let (before, after) = (find(&before), find(&after));
+    let hidden = |path: &str| {
+        let last = path.rsplit('/').next().unwrap_or(path);
+        last.ends_with("_hash")
+            || last.ends_with("_digest")
+            || last.ends_with("_sealed")
+            || matches!(last, "openapi_version" | "title" | "subject" | "not_after")
+    };
+    let shown = |value: Option<&String>| match value {
+        None => "(none)".to_string(),
+        Some(v) if v.len() > 60 => format!("({} characters)", v.len()),
+        Some(v) => v.clone(),
+    };
+    let mut paths: Vec<&String> = before.keys().chain(after.keys()).filter(|p| !hidden(p)).collect();
+    paths.sort();
+    paths.dedup();
+    paths
+        .into_iter()
+        .filter(|p| before.get(*p) != after.get(*p))
+        .map(|p| format!("{p}: {} -> {}", shown(before.get(p)), shown(after.get(p))))
+        .collect()
+}
+
+/// Leaves of a JSON value by `/`-joined path.
+fn flatten(prefix: &str, value: &Value, out: &mut BTreeMap<String, String>) {
+    let join = |key: &str| if prefix.is_empty() { key.to_string() } else { format!("{prefix}/{key}") };
+    match value {
+        Value::Object(map) if !map.is_empty() => map.iter().for_each(|(k, v)| flatten(&join(k), v, out)),
+        Value::Array(items) if !items.is_empty() => {
+            items.iter().enumerate().for_each(|(i, v)| flatten(&join(&i.to_string()), v, out));
+        }
+        Value::String(s) => {
+            out.insert(prefix.to_string(), s.clone());
+        }
+        other => {
+            out.insert(prefix.to_string(), other.to_string());
+        }
     }
 }
 
@@ -113,20 +192,58 @@ pub async fn status(client: &AdminClient, output: Output) -> anyhow::Result<()> 
             ]
         })
         .collect();
-    print_table(&["NODE", "ADDRESS", "VERSION", "STATE", "NACKED", "LAST ERROR"], &rows);
+    print_table(
+        &["NODE", "ADDRESS", "VERSION", "STATE", "NACKED", "LAST ERROR"],
+        &rows,
+        "(no data planes have connected)",
+    );
     Ok(())
 }
 
 pub async fn rollback(client: &AdminClient, version: u64, output: Output) -> anyhow::Result<()> {
     let result = client.call(Method::POST, &format!("/v1/snapshots/{version}/rollback"), None).await?;
     if output == Output::Json {
-        println!("{result}");
+        println!("{}", serde_json::to_string_pretty(&result)?);
     } else if result["changed"].as_bool() == Some(true) {
         println!("rolled back to the configuration of version {version}: now version {}", result["version"]);
     } else {
         println!("the configuration already equals version {version}: nothing changed");
     }
     Ok(())
+}
+
+/// The newest snapshots: the versions `rollback` takes, what made each, and when.
+pub async fn history(client: &AdminClient, limit: u32, output: Output) -> anyhow::Result<()> {
+    let page = client.call(Method::GET, &format!("/v1/snapshots?limit={limit}"), None).await?;
+    if output == Output::Json {
+        println!("{}", serde_json::to_string_pretty(&page)?);
+        return Ok(());
+    }
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or_default();
+    let rows: Vec<[String; 4]> = page["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|s| {
+            let age = s["created_at"].as_i64().map_or("-".into(), |at| age((now_ms - at).max(0) / 1000));
+            let hash = s["hash"].as_str().unwrap_or_default().chars().take(12).collect();
+            [s["version"].to_string(), age, hash, s["note"].as_str().unwrap_or_default().to_string()]
+        })
+        .collect();
+    print_table(&["VERSION", "CREATED", "HASH", "CHANGE"], &rows, "(no snapshots)");
+    Ok(())
+}
+
+fn age(seconds: i64) -> String {
+    match seconds {
+        s if s < 60 => format!("{s}s ago"),
+        s if s < 3_600 => format!("{}m ago", s / 60),
+        s if s < 86_400 => format!("{}h ago", s / 3_600),
+        s => format!("{}d ago", s / 86_400),
+    }
 }
 
 /// Parses, prepares and builds the snapshot exactly as the control plane
@@ -151,7 +268,7 @@ pub fn validate(file: &Path) -> anyhow::Result<()> {
     bail!("{}: {} problem(s)", file.display(), problems.len())
 }
 
-fn print_table<const N: usize>(headers: &[&str; N], rows: &[[String; N]]) {
+fn print_table<const N: usize>(headers: &[&str; N], rows: &[[String; N]], empty: &str) {
     let mut widths = headers.map(str::len);
     for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {
@@ -167,6 +284,6 @@ fn print_table<const N: usize>(headers: &[&str; N], rows: &[[String; N]]) {
         line(row.iter().map(String::as_str).collect());
     }
     if rows.is_empty() {
-        println!("(no data planes have connected)");
+        println!("{empty}");
     }
 }

@@ -51,6 +51,12 @@ enum Command {
     Status,
     /// Make a new snapshot whose configuration equals an earlier version.
     Rollback { version: u64 },
+    /// List the newest snapshots (the versions `rollback` takes).
+    History {
+        /// How many snapshots to show.
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+    },
     /// Check a config file offline, without a control plane.
     Validate {
         #[arg(short, long)]
@@ -68,6 +74,7 @@ async fn main() -> ExitCode {
         Command::Export => commands::export(&client(), cli.output).await,
         Command::Status => commands::status(&client(), cli.output).await,
         Command::Rollback { version } => commands::rollback(&client(), version, cli.output).await,
+        Command::History { limit } => commands::history(&client(), limit, cli.output).await,
         Command::Validate { file } => commands::validate(&file),
     };
     match result {

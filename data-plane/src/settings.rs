@@ -83,6 +83,12 @@ pub struct Settings {
     /// How long in-flight requests may run after SIGTERM/SIGINT, in seconds.
     #[arg(long, env = "SLUICE_SHUTDOWN_GRACE_SECS", default_value_t = 30)]
     pub shutdown_grace_secs: u64,
+
+    /// Do not start: ask the `/readyz` of the data plane already running with
+    /// these settings (its `--ops-addr`) and exit 0 if it is ready, 1 if not.
+    /// A container healthcheck that needs no curl in the image.
+    #[arg(long)]
+    pub check_ready: bool,
 }
 
 impl Settings {
@@ -101,11 +107,25 @@ impl Settings {
             trusted_proxies: Vec::new(),
             heartbeat_ms: 5_000,
             shutdown_grace_secs: 30,
+            check_ready: false,
         }
     }
 
     pub fn heartbeat_interval(&self) -> Duration {
         Duration::from_millis(self.heartbeat_ms.max(1))
+    }
+
+    /// Where a local probe reaches the ops listener: a wildcard bind address
+    /// is not connectable, so it becomes the loopback of the same family.
+    pub fn ops_probe_addr(&self) -> SocketAddr {
+        let mut addr = self.ops_addr;
+        if addr.ip().is_unspecified() {
+            addr.set_ip(match addr {
+                SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+            });
+        }
+        addr
     }
 
     pub fn shutdown_grace(&self) -> Duration {
@@ -182,6 +202,15 @@ mod tests {
         assert!(Settings::try_parse_from(["sluice-dp", "--trusted-proxies", "10.0.0.0/33"]).is_err());
         assert!(Settings::try_parse_from(["sluice-dp"]).unwrap().trusted_proxies.is_empty());
         assert!(Settings::try_parse_from(["sluice-dp", "--trusted-proxies", ""]).unwrap().trusted_proxies.is_empty());
+    }
+
+    #[test]
+    fn the_ready_probe_dials_loopback_for_a_wildcard_bind() {
+        let s = Settings::try_parse_from(["sluice-dp", "--check-ready", "--ops-addr", "0.0.0.0:9100"]).unwrap();
+        assert!(s.check_ready);
+        assert_eq!(s.ops_probe_addr(), "127.0.0.1:9100".parse::<SocketAddr>().unwrap());
+        let s = Settings::try_parse_from(["sluice-dp", "--ops-addr", "10.1.2.3:9100"]).unwrap();
+        assert_eq!(s.ops_probe_addr(), "10.1.2.3:9100".parse::<SocketAddr>().unwrap());
     }
 
     #[test]

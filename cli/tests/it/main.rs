@@ -5,3 +5,8 @@
 mod cluster;
 mod standalone;
 mod support;
+// deployment and operator experience (issue 6)
+mod cli_roundtrip;
+mod compose;
+mod pg;
+mod replicas;
