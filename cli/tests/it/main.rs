@@ -3,8 +3,11 @@
 //! ports, talking over real sockets, gRPC and SQLite.
 
 mod cluster;
+mod resilience;
 mod standalone;
+mod streaming;
 mod support;
+mod websocket;
 // deployment and operator experience (issue 6)
 mod cli_roundtrip;
 mod compose;

@@ -61,6 +61,20 @@ impl Process {
     pub async fn kill(&mut self) -> Result<()> {
         self.child.kill().await.context("kill")
     }
+
+    pub fn pid(&self) -> Result<u32> {
+        self.child.id().context("the process has exited")
+    }
+}
+
+/// Resident memory of a live process in KiB, from `VmRSS` in `/proc/PID/status`.
+pub fn rss_kib(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).context("reading /proc status")?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("no VmRSS line")
 }
 
 fn collect(reader: impl AsyncRead + Unpin + Send + 'static) -> Arc<Mutex<String>> {
@@ -86,6 +100,12 @@ pub async fn upstream(name: &str, addr: &str) -> Result<(Process, SocketAddr)> {
 }
 
 pub async fn control_plane(dir: &std::path::Path) -> Result<Process> {
+    control_plane_on(dir, "127.0.0.1:0").await
+}
+
+/// A control plane on a given gRPC address, so a test can bring one back
+/// where its data planes look for it (same `dir`, so the same SQLite file).
+pub async fn control_plane_on(dir: &std::path::Path, grpc_addr: &str) -> Result<Process> {
     let db = format!("sqlite://{}", dir.join("sluice.db").display());
     let key = dir.join("secret.key");
     let key = key.to_str().context("temp path")?;
@@ -97,7 +117,7 @@ pub async fn control_plane(dir: &std::path::Path) -> Result<Process> {
             "--admin-addr",
             "127.0.0.1:0",
             "--grpc-addr",
-            "127.0.0.1:0",
+            grpc_addr,
             "--admin-token",
             ADMIN_TOKEN,
             "--cluster-token",
@@ -110,29 +130,32 @@ pub async fn control_plane(dir: &std::path::Path) -> Result<Process> {
 }
 
 pub async fn data_plane(grpc: SocketAddr, node_id: &str) -> Result<Process> {
+    data_plane_with(grpc, node_id, &[]).await
+}
+
+/// A data plane with extra flags, such as `--snapshot-cache FILE`.
+pub async fn data_plane_with(grpc: SocketAddr, node_id: &str, extra: &[&str]) -> Result<Process> {
     let control_plane = format!("http://{grpc}");
-    Process::spawn(
-        "sluice-dp",
-        &[
-            "--control-plane",
-            &control_plane,
-            "--cluster-token",
-            CLUSTER_TOKEN,
-            "--http-addr",
-            "127.0.0.1:0",
-            "--https-addr",
-            "127.0.0.1:0",
-            "--ops-addr",
-            "127.0.0.1:0",
-            "--node-id",
-            node_id,
-            "--heartbeat-ms",
-            "300",
-            "--access-log",
-            "off",
-        ],
-    )
-    .await
+    let mut args = vec![
+        "--control-plane",
+        &control_plane,
+        "--cluster-token",
+        CLUSTER_TOKEN,
+        "--http-addr",
+        "127.0.0.1:0",
+        "--https-addr",
+        "127.0.0.1:0",
+        "--ops-addr",
+        "127.0.0.1:0",
+        "--node-id",
+        node_id,
+        "--heartbeat-ms",
+        "300",
+        "--access-log",
+        "off",
+    ];
+    args.extend_from_slice(extra);
+    Process::spawn("sluice-dp", &args).await
 }
 
 /// The admin API with the test token.
@@ -157,6 +180,18 @@ impl Admin {
         Ok((status, serde_json::from_str(&text).unwrap_or(Value::String(text))))
     }
 
+    /// Version of the newest snapshot.
+    pub async fn latest_version(&self) -> Result<u64> {
+        let page = self.ok(reqwest::Method::GET, "/v1/snapshots?limit=1", None).await?;
+        page["items"][0]["version"].as_u64().with_context(|| format!("no snapshot version in {page}"))
+    }
+
+    /// The rows of `/v1/data-planes`, by node id.
+    pub async fn data_planes(&self) -> Result<Vec<Value>> {
+        let page = self.ok(reqwest::Method::GET, "/v1/data-planes", None).await?;
+        Ok(page["items"].as_array().cloned().unwrap_or_default())
+    }
+
     /// Sends and insists on a 2xx answer.
     pub async fn ok(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Result<Value> {
         let (status, body) = self.send(method, path, body).await?;
@@ -168,7 +203,16 @@ impl Admin {
 }
 
 /// Polls `check` until it holds or `WAIT` passes.
-pub async fn eventually<F, Fut>(what: &str, mut check: F) -> Result<()>
+pub async fn eventually<F, Fut>(what: &str, check: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    eventually_every(what, Duration::from_millis(50), check).await
+}
+
+/// [`eventually`] with a chosen poll interval, for tests that time how soon something holds.
+pub async fn eventually_every<F, Fut>(what: &str, interval: Duration, mut check: F) -> Result<()>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
@@ -178,7 +222,7 @@ where
         if check().await {
             return Ok(());
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(interval).await;
     }
     bail!("timed out waiting for {what}")
 }
@@ -193,4 +237,11 @@ pub async fn served_by(client: &reqwest::Client, url: &str) -> Result<String, u1
         Ok(response) => Err(response.status().as_u16()),
         Err(_) => Err(0),
     }
+}
+
+/// Whether exactly `count` data planes are connected and run `version`.
+pub async fn all_applied(admin: &Admin, version: u64, count: usize) -> bool {
+    let nodes = admin.data_planes().await.unwrap_or_default();
+    nodes.len() == count
+        && nodes.iter().all(|n| n["applied_version"].as_u64() == Some(version) && n["connected"] == true)
 }

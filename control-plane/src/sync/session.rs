@@ -229,6 +229,12 @@ impl Session {
             // the node runs): nothing to push, and the node runs this version.
             tracing::debug!(%node_id, version = snapshot.version, "node already runs this content");
             self.record.applied_version = self.record.applied_version.max(Some(snapshot.version));
+            // Reverting a refused change lands here (back to the content the
+            // node runs): that newer version counts as accepted, so the NACK
+            // it supersedes is no longer shown, as with an ACK.
+            if self.record.last_nack_version.is_some_and(|nacked| snapshot.version > nacked) {
+                self.record.last_error = None;
+            }
             self.pending = None;
             return true;
         } else if self.is_refused(&snapshot) {

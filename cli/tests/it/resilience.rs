@@ -1,0 +1,289 @@
+//! What keeps traffic flowing while the configuration changes or the control
+//! plane fails: swaps under load, NACKed snapshots, control-plane restarts and
+//! the snapshot cache, all through the real binaries.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use crate::support::{
+    Admin, WAIT, all_applied, control_plane, control_plane_on, data_plane, data_plane_with, eventually,
+    eventually_every, served_by, upstream,
+};
+
+/// Fine polling where the test measures or paces by how soon a change lands.
+const POLL: Duration = Duration::from_millis(5);
+
+/// A `headers` policy that stamps every response with `x-gen: <generation>`,
+/// so each update is a new snapshot and a client can tell which table served it.
+fn stamped(generation: u32) -> Value {
+    json!([{ "headers": { "response": { "set": { "x-gen": generation.to_string() } } } }])
+}
+
+/// One client loop: requests back to back until `stop`, returning the
+/// generations it saw and every failure.
+async fn hammer(client: reqwest::Client, url: String, stop: Arc<AtomicBool>) -> (usize, BTreeSet<String>, Vec<String>) {
+    let (mut ok, mut generations, mut failures) = (0, BTreeSet::new(), Vec::new());
+    while !stop.load(Ordering::Relaxed) {
+        match client.get(&url).send().await {
+            Ok(response) if response.status() == 200 => {
+                if let Some(generation) = response.headers().get("x-gen").and_then(|v| v.to_str().ok()) {
+                    generations.insert(generation.to_owned());
+                }
+                match response.bytes().await {
+                    Ok(_) => ok += 1,
+                    Err(e) => failures.push(format!("body: {e}")),
+                }
+            }
+            Ok(response) => failures.push(format!("status {}", response.status())),
+            Err(e) => failures.push(format!("send: {e}")),
+        }
+    }
+    (ok, generations, failures)
+}
+
+#[tokio::test]
+async fn swaps_under_load_drop_nothing_and_in_flight_requests_finish_on_the_old_table() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let cp = control_plane(dir.path()).await?;
+    let admin = Admin::new(cp.addr("admin_addr")?);
+    let (_u1, a1) = upstream("u1", "127.0.0.1:0").await?;
+    let dp = data_plane(cp.addr("grpc_addr")?, "dp-load").await?;
+    let proxy = dp.addr("http_addr")?;
+    let client = reqwest::Client::builder().timeout(WAIT).build()?;
+
+    admin
+        .ok(
+            Method::POST,
+            "/v1/upstreams",
+            Some(json!({ "name": "pool", "targets": [{ "url": format!("http://{a1}") }] })),
+        )
+        .await?;
+    admin
+        .ok(
+            Method::POST,
+            "/v1/apis",
+            Some(json!({ "name": "svc", "path_prefix": "/svc", "upstream": "pool", "policies": stamped(0) })),
+        )
+        .await?;
+    let url = format!("http://{proxy}/svc/load");
+    eventually("the API on the data plane", || async { served_by(&client, &url).await.is_ok() }).await?;
+
+    // A few concurrent client loops, each on its own keep-alive connection,
+    // while the API changes 100 times.
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loops = Vec::new();
+    for _ in 0..4 {
+        let own = reqwest::Client::builder().timeout(WAIT).build()?;
+        loops.push(tokio::spawn(hammer(own, url.clone(), stop.clone())));
+    }
+    // Each update waits until the node applied it: the control plane
+    // coalesces bursts of writes into one push, and this test wants 100 real
+    // swaps under load, not a handful.
+    for generation in 1..=100 {
+        admin.ok(Method::PATCH, "/v1/apis/svc", Some(json!({ "policies": stamped(generation) }))).await?;
+        let version = admin.latest_version().await?;
+        eventually_every("the update applied", POLL, || all_applied(&admin, version, 1)).await?;
+    }
+    // Served by the final table, as seen by a client.
+    let response = client.get(&url).send().await?;
+    ensure!(response.headers().get("x-gen").is_some_and(|v| v == "100"), "final headers: {:?}", response.headers());
+    stop.store(true, Ordering::Relaxed);
+
+    let (mut ok, mut generations, mut failures) = (0, BTreeSet::new(), Vec::new());
+    for handle in loops {
+        let (n, seen, failed) = tokio::time::timeout(WAIT, handle).await.context("client loop hung")??;
+        ok += n;
+        generations.extend(seen);
+        failures.extend(failed);
+    }
+    ensure!(
+        failures.is_empty(),
+        "{} of {} requests failed during swaps: {:?}",
+        failures.len(),
+        ok + failures.len(),
+        failures
+    );
+    // The load really overlapped the swaps: clients saw many of the tables.
+    ensure!(generations.len() > 10, "{ok} requests saw only generations {generations:?}");
+    eprintln!("swap under load: {ok} requests, 0 failures, {} generations seen", generations.len());
+
+    // A slow request started before a swap that removes its route completes on
+    // the old table; one sent after the swap gets 404.
+    admin
+        .ok(Method::POST, "/v1/apis", Some(json!({ "name": "slow", "path_prefix": "/slow", "upstream": "pool" })))
+        .await?;
+    let slow_url = format!("http://{proxy}/slow/x");
+    eventually("the slow API", || async { served_by(&client, &slow_url).await.is_ok() }).await?;
+    // 2 s upstream delay: ample time for the swap to land while the request is in flight.
+    let slow = tokio::spawn(client.get(format!("{slow_url}?delay_ms=2000")).send());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    admin.ok(Method::DELETE, "/v1/apis/slow", None).await?;
+    eventually("the slow API removed", || async { served_by(&client, &slow_url).await == Err(404) }).await?;
+    ensure!(!slow.is_finished(), "the slow request finished before the swap; the test proves nothing");
+    let response = tokio::time::timeout(WAIT, slow).await.context("slow request hung")???;
+    ensure!(response.status() == 200, "in-flight request across the swap: {}", response.status());
+    let echo: Value = response.json().await?;
+    ensure!(echo["path"] == "/slow/x", "{echo}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_snapshot_the_data_plane_cannot_compile_is_nacked_and_the_old_routes_keep_serving() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let cp = control_plane(dir.path()).await?;
+    let admin = Admin::new(cp.addr("admin_addr")?);
+    let (_u1, a1) = upstream("u1", "127.0.0.1:0").await?;
+    let dp = data_plane(cp.addr("grpc_addr")?, "dp-nack").await?;
+    let proxy = dp.addr("http_addr")?;
+    let client = reqwest::Client::builder().timeout(WAIT).build()?;
+
+    admin
+        .ok(
+            Method::POST,
+            "/v1/upstreams",
+            Some(json!({ "name": "pool", "targets": [{ "url": format!("http://{a1}") }] })),
+        )
+        .await?;
+    admin
+        .ok(Method::POST, "/v1/apis", Some(json!({ "name": "svc", "path_prefix": "/svc", "upstream": "pool" })))
+        .await?;
+    let url = format!("http://{proxy}/svc/x");
+    eventually("the API on the data plane", || async { served_by(&client, &url).await.is_ok() }).await?;
+    let good = admin.latest_version().await?;
+    eventually("the good version applied", || all_applied(&admin, good, 1)).await?;
+
+    // The control plane stores CA bundles as opaque text; only the data plane
+    // parses them, when it compiles the upstream's TLS config.
+    admin
+        .ok(
+            Method::POST,
+            "/v1/upstreams",
+            Some(json!({
+                "name": "bad-tls",
+                "targets": [{ "url": "https://127.0.0.1:9" }],
+                "tls": { "ca_bundle": "not a PEM bundle" },
+            })),
+        )
+        .await?;
+    let bad = admin.latest_version().await?;
+    ensure!(bad > good, "the bad upstream made no snapshot");
+    eventually("the NACK on /v1/data-planes", || async {
+        let nodes = admin.data_planes().await.unwrap_or_default();
+        nodes.first().is_some_and(|n| n["last_nack_version"].as_u64() == Some(bad))
+    })
+    .await?;
+    let row = admin.data_planes().await?.into_iter().next().unwrap_or_default();
+    let error = row["last_error"].as_str().unwrap_or_default();
+    ensure!(error.contains("bad-tls") && error.contains("ca_bundle"), "NACK reason: {row}");
+    ensure!(row["applied_version"].as_u64() == Some(good), "the node moved off the good version: {row}");
+    // The old table keeps serving.
+    for _ in 0..5 {
+        let served = served_by(&client, &url).await;
+        ensure!(served.as_deref() == Ok("u1"), "after the NACK: {served:?}");
+    }
+
+    // A newer snapshot that compiles is accepted and clears the error.
+    admin.ok(Method::DELETE, "/v1/upstreams/bad-tls", None).await?;
+    let fixed = admin.latest_version().await?;
+    eventually("the fixed version applied", || all_applied(&admin, fixed, 1)).await?;
+    let row = admin.data_planes().await?.into_iter().next().unwrap_or_default();
+    ensure!(row["last_error"].is_null(), "the error stayed after a good snapshot: {row}");
+    Ok(())
+}
+
+/// Posts an API on `/<name>` and times how long until every node serves it.
+async fn timed_rollout(
+    admin: &Admin,
+    client: &reqwest::Client,
+    proxies: &[SocketAddr],
+    name: &str,
+) -> Result<Duration> {
+    admin
+        .ok(
+            Method::POST,
+            "/v1/apis",
+            Some(json!({ "name": name, "path_prefix": format!("/{name}"), "upstream": "pool" })),
+        )
+        .await?;
+    let written = Instant::now();
+    for proxy in proxies {
+        let url = format!("http://{proxy}/{name}/x");
+        eventually_every("the new API on every node", POLL, || async { served_by(client, &url).await.is_ok() }).await?;
+    }
+    Ok(written.elapsed())
+}
+
+#[tokio::test]
+async fn data_planes_survive_a_control_plane_restart_and_a_cached_node_serves_while_it_is_down() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let cache = dir.path().join("dp-b.snapshot");
+    let cache_arg = cache.to_str().context("temp path")?;
+    let mut cp = control_plane(dir.path()).await?;
+    let admin = Admin::new(cp.addr("admin_addr")?);
+    let grpc = cp.addr("grpc_addr")?;
+    let (_u1, a1) = upstream("u1", "127.0.0.1:0").await?;
+    let dp_a = data_plane(grpc, "dp-a").await?;
+    let mut dp_b = data_plane_with(grpc, "dp-b", &["--snapshot-cache", cache_arg]).await?;
+    let client = reqwest::Client::builder().timeout(WAIT).build()?;
+
+    admin
+        .ok(
+            Method::POST,
+            "/v1/upstreams",
+            Some(json!({ "name": "pool", "targets": [{ "url": format!("http://{a1}") }] })),
+        )
+        .await?;
+    let proxies = [dp_a.addr("http_addr")?, dp_b.addr("http_addr")?];
+    let rollout = timed_rollout(&admin, &client, &proxies, "svc").await?;
+    eprintln!("convergence (admin write -> both nodes serving): {rollout:?}");
+    let version = admin.latest_version().await?;
+    eventually("both nodes on the version", || all_applied(&admin, version, 2)).await?;
+    eventually("dp-b's snapshot cache written", || async { std::fs::metadata(&cache).is_ok_and(|m| m.len() > 0) })
+        .await?;
+
+    // The control plane dies: both nodes keep serving.
+    cp.kill().await?;
+    for proxy in proxies {
+        for _ in 0..5 {
+            let served = served_by(&client, &format!("http://{proxy}/svc/down")).await;
+            ensure!(served.is_ok(), "{proxy} with the control plane down: {served:?}");
+        }
+    }
+
+    // dp-b restarts while the control plane is still down: it serves from its cache.
+    dp_b.kill().await?;
+    let dp_b = data_plane_with(grpc, "dp-b", &["--snapshot-cache", cache_arg]).await?;
+    let ops = dp_b.addr("ops_addr")?;
+    eventually("the restarted dp-b ready from its cache", || async {
+        client.get(format!("http://{ops}/readyz")).send().await.is_ok_and(|r| r.status() == 200)
+    })
+    .await?;
+    let proxies = [proxies[0], dp_b.addr("http_addr")?];
+    let served = served_by(&client, &format!("http://{}/svc/cached", proxies[1])).await;
+    ensure!(served.as_deref() == Ok("u1"), "dp-b from its cache: {served:?}");
+
+    // The control plane comes back on the same gRPC port with the same database:
+    // both nodes reconnect and converge on a write made after the restart.
+    let cp = control_plane_on(dir.path(), &grpc.to_string()).await?;
+    let admin = Admin::new(cp.addr("admin_addr")?);
+    eventually("both nodes reconnected", || all_applied(&admin, version, 2)).await?;
+    let rollout = timed_rollout(&admin, &client, &proxies, "after").await?;
+    eprintln!("convergence after the control plane restart: {rollout:?}");
+    let newest = admin.latest_version().await?;
+    ensure!(newest > version, "the write after the restart made no new version");
+    eventually("both nodes on the newest version", || all_applied(&admin, newest, 2)).await?;
+    for proxy in proxies {
+        for path in ["/svc/y", "/after/y"] {
+            let served = served_by(&client, &format!("http://{proxy}{path}")).await;
+            ensure!(served.is_ok(), "{proxy}{path} after the restart: {served:?}");
+        }
+    }
+    Ok(())
+}
