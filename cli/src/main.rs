@@ -33,6 +33,8 @@ pub enum Output {
     Json,
 }
 
+// Parsed once per process, so the size difference between variants costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Run a control plane (SQLite by default) and one data plane in this process.
