@@ -39,6 +39,9 @@ pub fn build_snapshot(
         certificates: config.certificates.iter().filter_map(|c| certificate(c, secrets, &mut violations)).collect(),
         api_key_hmac_key: api_key_hmac_key.to_vec(),
     };
+    for api in &config.apis {
+        check_jwks(api, &mut violations);
+    }
     canonicalize(&mut snapshot);
     if let Err(found) = validate(&snapshot) {
         violations.extend(found);
@@ -48,6 +51,67 @@ pub fn build_snapshot(
     }
     snapshot.hash = content_hash(&snapshot);
     Ok(snapshot)
+}
+
+/// A JWKS is checked at write time, key by key, with the same library the
+/// data planes load it with: a document they could not compile would be
+/// NACKed by every one of them, long after the operator's request returned.
+fn check_jwks(api: &model::Api, violations: &mut Vec<Violation>) {
+    use jsonwebtoken::DecodingKey;
+    use jsonwebtoken::jwk::{AlgorithmParameters, JwkSet};
+    for (i, policy) in api.policies.iter().enumerate() {
+        let Policy::Jwt(jwt) = policy else { continue };
+        let Some(text) = &jwt.jwks else { continue };
+        let path = format!("/apis/{}/policies/{i}/jwt/jwks", api.name);
+        let set: JwkSet = match serde_json::from_str(text) {
+            Ok(set) => set,
+            Err(e) => {
+                violations.push(violation(path, format!("is not a JWK set (RFC 7517): {e}")));
+                continue;
+            }
+        };
+        if set.keys.is_empty() {
+            violations.push(violation(path, "lists no keys"));
+            continue;
+        }
+        // The field is a string, so the pointer stops at it; the message
+        // names the key inside the document.
+        for (k, jwk) in set.keys.iter().enumerate() {
+            let key = jwk.common.key_id.as_ref().map_or_else(|| format!("key {k}"), |kid| format!("key `{kid}`"));
+            if matches!(jwk.algorithm, AlgorithmParameters::OctetKey(_)) {
+                // A published document must not carry a shared secret.
+                let message = format!("{key}: symmetric (`oct`) keys are not accepted; give the consumer a JWT key");
+                violations.push(violation(path.clone(), message));
+            } else if let Err(e) = DecodingKey::from_jwk(jwk) {
+                violations.push(violation(path.clone(), format!("{key}: the key cannot be loaded: {e}")));
+            } else if let Some(problem) = stated_algorithm_problem(jwk) {
+                violations.push(violation(path.clone(), format!("{key}: {problem}")));
+            }
+        }
+    }
+}
+
+/// A key's `alg` must fit its type and curve: the data planes refuse a JWKS
+/// whose key states an algorithm it cannot verify.
+fn stated_algorithm_problem(jwk: &jsonwebtoken::jwk::Jwk) -> Option<String> {
+    use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve};
+    use jsonwebtoken::{Algorithm, AlgorithmFamily};
+    let stated = jwk.common.key_algorithm?;
+    let Ok(algorithm) = Algorithm::try_from(stated) else {
+        return Some(format!("`{stated}` is not a signing algorithm"));
+    };
+    let fits = match &jwk.algorithm {
+        AlgorithmParameters::RSA(_) => algorithm.family() == AlgorithmFamily::Rsa,
+        AlgorithmParameters::EllipticCurve(p) => match p.curve {
+            EllipticCurve::P256 => algorithm == Algorithm::ES256,
+            EllipticCurve::P384 => algorithm == Algorithm::ES384,
+            // Keys the data planes cannot use are skipped there, whatever their `alg`.
+            _ => true,
+        },
+        AlgorithmParameters::OctetKeyPair(p) => p.curve != EllipticCurve::Ed25519 || algorithm == Algorithm::EdDSA,
+        _ => true,
+    };
+    (!fits).then(|| format!("algorithm `{stated}` does not match the key type"))
 }
 
 fn violation(path: String, message: impl Into<String>) -> Violation {
@@ -119,6 +183,8 @@ fn policy(policy: &Policy) -> v1::Policy {
             audiences: p.audiences.clone(),
             leeway_seconds: p.leeway.map_or(0, |d| d.0.as_secs()),
             key_claim: p.key_claim.clone().unwrap_or_default(),
+            jwks: p.jwks.clone().unwrap_or_default(),
+            consumer_claim: p.consumer_claim.clone().unwrap_or_default(),
         }),
         Policy::RateLimit(p) => {
             let key = match p.key {
@@ -351,5 +417,53 @@ mod tests {
         let config = Config { apis: vec![api], ..Config::default() };
         let violations = build_snapshot(&config, &secrets, &[0; 32]).unwrap_err();
         assert_eq!(violations[0].path, "/apis/lost/upstream");
+    }
+
+    #[test]
+    fn a_malformed_jwks_is_a_violation_at_its_field() {
+        let secrets = SecretBox::from_key_material(&"00".repeat(32)).unwrap();
+        let ed = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
+        let x = base64::Engine::encode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, ed.public_key_raw());
+        let good = serde_json::json!({"keys": [{"kty": "OKP", "crv": "Ed25519", "kid": "idp-1", "x": x}]}).to_string();
+        let api = |name: &str, jwks: &str| -> Api {
+            serde_json::from_value(serde_json::json!({
+                "name": name, "path_prefix": format!("/{name}"), "upstream": "backend",
+                "policies": [{ "cors": { "allow_origins": ["*"] } }, { "jwt": { "jwks": jwks, "consumer_claim": "email" } }],
+            }))
+            .unwrap()
+        };
+        let upstream: model::Upstream =
+            serde_json::from_value(serde_json::json!({"name": "backend", "targets": [{"url": "http://127.0.0.1:1"}]}))
+                .unwrap();
+        let config = |apis| Config { upstreams: vec![upstream.clone()], apis, ..Config::default() };
+
+        let snapshot = build_snapshot(&config(vec![api("ok", &good)]), &secrets, &[0; 32]).unwrap();
+        let Some(v1::policy::Kind::Jwt(jwt)) = &snapshot.apis[0].policies[1].kind else { panic!("jwt policy") };
+        assert_eq!((jwt.jwks.as_str(), jwt.consumer_claim.as_str()), (good.as_str(), "email"));
+
+        let mismatch =
+            serde_json::json!({"keys": [{"kty": "OKP", "crv": "Ed25519", "alg": "RS256", "x": x}]}).to_string();
+        let bad = [
+            ("notjson", "{\"keys\": "),
+            ("nokeys", r#"{"keys": []}"#),
+            ("badkey", r#"{"keys": [{"kty": "RSA", "n": "!!", "e": "AQAB"}]}"#),
+            ("secret", r#"{"keys": [{"kty": "oct", "k": "c2VjcmV0"}]}"#),
+            ("mismatch", &mismatch),
+        ];
+        let violations =
+            build_snapshot(&config(bad.iter().map(|(n, j)| api(n, j)).collect()), &secrets, &[0; 32]).unwrap_err();
+        let mut paths: Vec<&str> = violations.iter().map(|v| v.path.as_str()).collect();
+        paths.sort_unstable();
+        assert_eq!(
+            paths,
+            [
+                "/apis/badkey/policies/1/jwt/jwks",
+                "/apis/mismatch/policies/1/jwt/jwks",
+                "/apis/nokeys/policies/1/jwt/jwks",
+                "/apis/notjson/policies/1/jwt/jwks",
+                "/apis/secret/policies/1/jwt/jwks",
+            ],
+            "{violations:?}"
+        );
     }
 }

@@ -7,6 +7,7 @@ mod resilience;
 mod standalone;
 mod streaming;
 mod support;
+mod tls;
 mod websocket;
 // deployment and operator experience (issue 6)
 mod cli_roundtrip;

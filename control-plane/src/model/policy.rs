@@ -57,6 +57,14 @@ pub struct JwtPolicy {
     /// Claim naming the consumer's JWT key (default `iss`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_claim: Option<String>,
+    /// JWKS document (RFC 7517) of an external issuer, as JSON text. Tokens
+    /// whose `kid`/key claim names no consumer key are verified against it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = r#"{"keys":[{"kty":"OKP","crv":"Ed25519","kid":"idp-1","x":"..."}]}"#)]
+    pub jwks: Option<String>,
+    /// Claim naming the consumer of a token verified by the JWKS (default `sub`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consumer_claim: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]

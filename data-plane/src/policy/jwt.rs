@@ -1,7 +1,9 @@
 //! `jwt`, one of the authentication steps of the policy chain: a bearer token
 //! verified against the key of the consumer it names (by `kid`, or by the key
-//! claim, `iss` by default). Decoding keys and validation rules are built once
-//! per snapshot; a request costs one signature check.
+//! claim, `iss` by default), or, when it names no consumer key, against the
+//! API's JWKS document (by `kid`, or its only key). Decoding keys and
+//! validation rules are built once per snapshot; a request costs one
+//! signature check.
 
 use std::collections::HashMap;
 use std::str::FromStr as _;
@@ -9,6 +11,7 @@ use std::sync::Arc;
 
 use http::HeaderValue;
 use jsonwebtoken::errors::ErrorKind;
+use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, JwkSet, PublicKeyUse};
 use jsonwebtoken::{Algorithm, AlgorithmFamily, DecodingKey, Validation};
 use sluice_proto::v1;
 
@@ -27,10 +30,29 @@ impl std::fmt::Debug for ConsumerKey {
     }
 }
 
+/// One verification key of the JWKS.
+struct IssuerKey {
+    kid: Option<String>,
+    key: DecodingKey,
+    validation: Validation,
+}
+
+impl std::fmt::Debug for IssuerKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IssuerKey")
+            .field("kid", &self.kid)
+            .field("algorithms", &self.validation.algorithms)
+            .finish_non_exhaustive()
+    }
+}
+
 #[derive(Debug)]
 pub struct JwtAuth {
     key_claim: String,
     keys: HashMap<String, ConsumerKey>,
+    /// A JWKS holds a handful of keys: a scan is as cheap as a map here.
+    jwks: Vec<IssuerKey>,
+    consumer_claim: String,
     challenge: HeaderValue,
 }
 
@@ -41,6 +63,8 @@ pub enum JwtRejection {
     Malformed,
     #[error("the token names no known key (by `kid` or the `{0}` claim)")]
     UnknownKey(String),
+    #[error("the token's consumer claim `{0}` is missing or not a string")]
+    NoConsumer(String),
     #[error("the token's algorithm is not accepted for its key")]
     Algorithm,
     #[error("the token's signature is invalid")]
@@ -86,7 +110,10 @@ impl JwtAuth {
         let challenge = HeaderValue::from_str(&format!("Bearer realm=\"{}\"", api.replace('"', "'")))
             .map_err(|_| format!("API name `{api}` cannot be sent in a header"))?;
         let key_claim = if spec.key_claim.is_empty() { "iss".to_string() } else { spec.key_claim.clone() };
-        Ok(JwtAuth { key_claim, keys, challenge })
+        let jwks = if spec.jwks.trim().is_empty() { Vec::new() } else { issuer_keys(spec, &accepted)? };
+        let consumer_claim =
+            if spec.consumer_claim.is_empty() { "sub".to_string() } else { spec.consumer_claim.clone() };
+        Ok(JwtAuth { key_claim, keys, jwks, consumer_claim, challenge })
     }
 
     pub fn challenge(&self) -> &HeaderValue {
@@ -112,28 +139,130 @@ impl JwtAuth {
                 // key; the claims are trusted after `decode` below.
                 let claims: serde_json::Value =
                     jsonwebtoken::dangerous::insecure_decode_claims(token).map_err(|_| JwtRejection::Malformed)?;
-                claims
+                let by_claim = claims
                     .get(&self.key_claim)
                     .and_then(serde_json::Value::as_str)
-                    .and_then(|name| self.keys.get(name))
-                    .ok_or_else(|| JwtRejection::UnknownKey(self.key_claim.clone()))?
+                    .and_then(|name| self.keys.get(name));
+                match by_claim {
+                    Some(key) => key,
+                    None => return self.verify_with_jwks(token, header.kid.as_deref()),
+                }
             }
         };
-        match jsonwebtoken::decode::<serde_json::Value>(token, &key.key, &key.validation) {
-            Ok(_) => Ok(key.consumer.clone()),
-            Err(e) => Err(match e.kind() {
-                ErrorKind::InvalidAlgorithm => JwtRejection::Algorithm,
-                ErrorKind::InvalidSignature => JwtRejection::Signature,
-                ErrorKind::ExpiredSignature => JwtRejection::Expired,
-                ErrorKind::ImmatureSignature => JwtRejection::NotYetValid,
-                ErrorKind::InvalidAudience => JwtRejection::Audience,
-                ErrorKind::InvalidIssuer => JwtRejection::Issuer,
-                ErrorKind::MissingRequiredClaim(claim) => JwtRejection::MissingClaim(claim.clone()),
-                ErrorKind::InvalidToken | ErrorKind::Base64(_) | ErrorKind::Json(_) | ErrorKind::Utf8(_) => {
-                    JwtRejection::Malformed
-                }
-                _ => JwtRejection::Invalid,
-            }),
+        jsonwebtoken::decode::<serde_json::Value>(token, &key.key, &key.validation)
+            .map(|_| key.consumer.clone())
+            .map_err(|e| rejection(&e))
+    }
+
+    /// A JWKS identifies an external issuer (an identity provider), not a
+    /// consumer: its subjects need not be configured consumers, so the
+    /// consumer is whatever the verified `consumer_claim` says. Configuring
+    /// every subject as a consumer would defeat the point of delegating
+    /// identity to the issuer.
+    fn verify_with_jwks(&self, token: &str, kid: Option<&str>) -> Result<Arc<str>, JwtRejection> {
+        let key = match kid {
+            Some(kid) => self.jwks.iter().find(|k| k.kid.as_deref() == Some(kid)),
+            // Without a `kid` only a one-key set is unambiguous.
+            None => match self.jwks.as_slice() {
+                [only] => Some(only),
+                _ => None,
+            },
+        };
+        let key = key.ok_or_else(|| JwtRejection::UnknownKey(self.key_claim.clone()))?;
+        let data =
+            jsonwebtoken::decode::<serde_json::Value>(token, &key.key, &key.validation).map_err(|e| rejection(&e))?;
+        data.claims
+            .get(&self.consumer_claim)
+            .and_then(serde_json::Value::as_str)
+            .filter(|consumer| !consumer.is_empty())
+            .map(Arc::from)
+            .ok_or_else(|| JwtRejection::NoConsumer(self.consumer_claim.clone()))
+    }
+}
+
+fn rejection(e: &jsonwebtoken::errors::Error) -> JwtRejection {
+    match e.kind() {
+        ErrorKind::InvalidAlgorithm => JwtRejection::Algorithm,
+        ErrorKind::InvalidSignature => JwtRejection::Signature,
+        ErrorKind::ExpiredSignature => JwtRejection::Expired,
+        ErrorKind::ImmatureSignature => JwtRejection::NotYetValid,
+        ErrorKind::InvalidAudience => JwtRejection::Audience,
+        ErrorKind::InvalidIssuer => JwtRejection::Issuer,
+        ErrorKind::MissingRequiredClaim(claim) => JwtRejection::MissingClaim(claim.clone()),
+        ErrorKind::InvalidToken | ErrorKind::Base64(_) | ErrorKind::Json(_) | ErrorKind::Utf8(_) => {
+            JwtRejection::Malformed
+        }
+        _ => JwtRejection::Invalid,
+    }
+}
+
+/// Decoding keys of the policy's JWKS. Only asymmetric signing keys: a JWKS is
+/// published by its issuer, so an `oct` (shared secret) key in it would let
+/// anyone who can read the document mint tokens.
+fn issuer_keys(spec: &v1::JwtAuth, accepted: &[Algorithm]) -> Result<Vec<IssuerKey>, String> {
+    let set: JwkSet = serde_json::from_str(&spec.jwks).map_err(|e| format!("the JWKS is not a JWK set: {e}"))?;
+    let mut keys = Vec::with_capacity(set.keys.len());
+    for (i, jwk) in set.keys.iter().enumerate() {
+        let at = || match &jwk.common.key_id {
+            Some(kid) => format!("JWKS key `{kid}`"),
+            None => format!("JWKS key {i}"),
+        };
+        if matches!(jwk.common.public_key_use, Some(PublicKeyUse::Encryption)) {
+            // An encryption key never verifies a signature; skipping it keeps
+            // a provider's mixed-use JWKS usable as published.
+            continue;
+        }
+        let mut algorithms = jwk_algorithms(jwk).map_err(|e| format!("{}: {e}", at()))?;
+        if !accepted.is_empty() {
+            algorithms.retain(|a| accepted.contains(a));
+        }
+        // Same as for consumer keys: a key this API cannot accept is left out.
+        let Some(&first) = algorithms.first() else { continue };
+        let key = DecodingKey::from_jwk(jwk).map_err(|e| format!("{}: the key cannot be loaded: {e}", at()))?;
+        let mut validation = validation(spec, first);
+        // Every algorithm here is of the key's own family (fixed by `kty`), so
+        // allowing several cannot turn the public key into an HMAC secret.
+        validation.algorithms = algorithms;
+        keys.push(IssuerKey { kid: jwk.common.key_id.clone(), key, validation });
+    }
+    Ok(keys)
+}
+
+/// The algorithms a JWK may verify: its `alg` when it states one, otherwise
+/// every algorithm of its key type (and curve). None for a key type or curve
+/// jsonwebtoken cannot verify: an issuer's JWKS may list such keys next to
+/// usable ones, and the document should work as published.
+fn jwk_algorithms(jwk: &Jwk) -> Result<Vec<Algorithm>, String> {
+    let family = match &jwk.algorithm {
+        AlgorithmParameters::RSA(_) => vec![
+            Algorithm::RS256,
+            Algorithm::RS384,
+            Algorithm::RS512,
+            Algorithm::PS256,
+            Algorithm::PS384,
+            Algorithm::PS512,
+        ],
+        AlgorithmParameters::EllipticCurve(p) => match p.curve {
+            EllipticCurve::P256 => vec![Algorithm::ES256],
+            EllipticCurve::P384 => vec![Algorithm::ES384],
+            _ => return Ok(Vec::new()),
+        },
+        AlgorithmParameters::OctetKeyPair(p) if p.curve == EllipticCurve::Ed25519 => vec![Algorithm::EdDSA],
+        AlgorithmParameters::OctetKeyPair(_) => return Ok(Vec::new()),
+        AlgorithmParameters::OctetKey(_) => {
+            return Err("symmetric (`oct`) keys are not accepted in a JWKS; give the consumer a JWT key".into());
+        }
+        _ => return Ok(Vec::new()),
+    };
+    match jwk.common.key_algorithm {
+        None => Ok(family),
+        Some(stated) => {
+            let stated = Algorithm::try_from(stated).map_err(|_| format!("unsupported algorithm `{stated}`"))?;
+            if family.contains(&stated) {
+                Ok(vec![stated])
+            } else {
+                Err(format!("algorithm `{stated:?}` does not match the key type"))
+            }
         }
     }
 }
@@ -342,6 +471,137 @@ mod tests {
         assert!(err.contains("consumer `u` JWT key `k`"), "{err}");
         let err = JwtAuth::compile(&v1::JwtAuth::default(), "a", &with(credential("k", "none", "", ""))).unwrap_err();
         assert!(err.contains("unsupported algorithm"), "{err}");
+    }
+
+    /// A JWKS of an RS256 key (`rsa-1`, stated `alg`) and an Ed25519 key
+    /// (`ed-1`, no `alg`), both public halves only, as an issuer publishes it.
+    fn jwks() -> (String, EncodingKey, EncodingKey) {
+        let rsa = rcgen::KeyPair::generate_for(&rcgen::PKCS_RSA_SHA256).unwrap();
+        let rsa_key = EncodingKey::from_rsa_pem(rsa.serialize_pem().as_bytes()).unwrap();
+        let public = DecodingKey::from_rsa_der(&rsa.public_key_raw());
+        let mut rsa_jwk = jsonwebtoken::jwk::Jwk::from_decoding_key(&public, Some(Algorithm::RS256)).unwrap();
+        rsa_jwk.common.key_id = Some("rsa-1".into());
+        let ed = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
+        let ed_key = EncodingKey::from_ed_pem(ed.serialize_pem().as_bytes()).unwrap();
+        let ed_jwk =
+            json!({"kty": "OKP", "crv": "Ed25519", "kid": "ed-1", "x": URL_SAFE_NO_PAD.encode(ed.public_key_raw())});
+        let set = json!({"keys": [serde_json::to_value(&rsa_jwk).unwrap(), ed_jwk]});
+        (set.to_string(), rsa_key, ed_key)
+    }
+
+    #[test]
+    fn jwks_table() {
+        let (set, rsa, ed) = jwks();
+        // Ann has her own key; the issuer's subjects are not configured consumers.
+        let consumers = vec![v1::Consumer {
+            username: "ann".into(),
+            jwt_credentials: vec![credential("ann-iss", "HS256", "ann-secret", "")],
+            ..Default::default()
+        }];
+        let spec = v1::JwtAuth {
+            issuer: "https://idp.example".into(),
+            audiences: vec!["shop".into()],
+            jwks: set,
+            ..Default::default()
+        };
+        let auth = JwtAuth::compile(&spec, "shop", &consumers).unwrap();
+        assert_eq!(auth.jwks.len(), 2);
+        let t = now();
+        let claims = |sub: &str, exp: i64| json!({"sub": sub, "iss": "https://idp.example", "aud": "shop", "exp": exp});
+        let other = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
+        let other = EncodingKey::from_ed_pem(other.serialize_pem().as_bytes()).unwrap();
+        let cases: Vec<(&str, String, Result<&str, JwtRejection>)> = vec![
+            ("RS256 by kid", sign(Algorithm::RS256, Some("rsa-1"), &claims("carol", t + 60), &rsa), Ok("carol")),
+            ("EdDSA by kid", sign(Algorithm::EdDSA, Some("ed-1"), &claims("dave", t + 60), &ed), Ok("dave")),
+            (
+                "a consumer key wins over the JWKS",
+                sign(
+                    Algorithm::HS256,
+                    Some("ann-iss"),
+                    &claims("someone-else", t + 60),
+                    &EncodingKey::from_secret(b"ann-secret").unwrap(),
+                ),
+                Ok("ann"),
+            ),
+            (
+                "wrong kid",
+                sign(Algorithm::RS256, Some("rsa-2"), &claims("carol", t + 60), &rsa),
+                Err(JwtRejection::UnknownKey("iss".into())),
+            ),
+            (
+                "no kid with two keys",
+                sign(Algorithm::RS256, None, &claims("carol", t + 60), &rsa),
+                Err(JwtRejection::UnknownKey("iss".into())),
+            ),
+            (
+                "wrong signature",
+                sign(Algorithm::EdDSA, Some("ed-1"), &claims("dave", t + 60), &other),
+                Err(JwtRejection::Signature),
+            ),
+            (
+                "alg other than the key's stated one",
+                sign(Algorithm::PS256, Some("rsa-1"), &claims("carol", t + 60), &rsa),
+                Err(JwtRejection::Algorithm),
+            ),
+            (
+                "expired",
+                sign(Algorithm::RS256, Some("rsa-1"), &claims("carol", t - 300), &rsa),
+                Err(JwtRejection::Expired),
+            ),
+            (
+                "wrong issuer",
+                sign(
+                    Algorithm::RS256,
+                    Some("rsa-1"),
+                    &json!({"sub": "carol", "iss": "https://evil", "aud": "shop", "exp": t + 60}),
+                    &rsa,
+                ),
+                Err(JwtRejection::Issuer),
+            ),
+            (
+                "no subject",
+                sign(
+                    Algorithm::RS256,
+                    Some("rsa-1"),
+                    &json!({"iss": "https://idp.example", "aud": "shop", "exp": t + 60}),
+                    &rsa,
+                ),
+                Err(JwtRejection::NoConsumer("sub".into())),
+            ),
+        ];
+        for (name, token, want) in cases {
+            let got = auth.verify(&token);
+            assert_eq!(got.as_deref().map_err(Clone::clone), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn jwks_single_key_and_consumer_claim() {
+        let ed = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
+        let key = EncodingKey::from_ed_pem(ed.serialize_pem().as_bytes()).unwrap();
+        let set = json!({"keys": [{"kty": "OKP", "crv": "Ed25519", "x": URL_SAFE_NO_PAD.encode(ed.public_key_raw())}]});
+        let spec = v1::JwtAuth { jwks: set.to_string(), consumer_claim: "email".into(), ..Default::default() };
+        let auth = JwtAuth::compile(&spec, "shop", &[]).unwrap();
+        let token = sign(Algorithm::EdDSA, None, &json!({"email": "eve@example.com", "exp": now() + 60}), &key);
+        assert_eq!(auth.verify(&token).unwrap().as_ref(), "eve@example.com");
+        // An API accepting only RS256 leaves the Ed25519 key out.
+        let only_rs = v1::JwtAuth { algorithms: vec!["RS256".into()], ..spec.clone() };
+        assert!(JwtAuth::compile(&only_rs, "shop", &[]).unwrap().jwks.is_empty());
+    }
+
+    #[test]
+    fn jwks_compile_errors() {
+        let cases = [
+            ("not json", "the JWKS is not a JWK set"),
+            (r#"{"keys": [{"kty": "oct", "k": "c2VjcmV0"}]}"#, "symmetric"),
+            (r#"{"keys": [{"kty": "OKP", "crv": "Ed25519", "kid": "k", "x": "!!"}]}"#, "JWKS key `k`"),
+            (r#"{"keys": [{"kty": "OKP", "crv": "Ed25519", "alg": "RS256", "x": "AA"}]}"#, "does not match"),
+        ];
+        for (jwks, want) in cases {
+            let spec = v1::JwtAuth { jwks: jwks.into(), ..Default::default() };
+            let err = JwtAuth::compile(&spec, "a", &[]).unwrap_err();
+            assert!(err.contains(want), "{jwks}: {err}");
+        }
     }
 
     #[test]
