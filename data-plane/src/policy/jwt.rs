@@ -478,7 +478,7 @@ mod tests {
     fn jwks() -> (String, EncodingKey, EncodingKey) {
         let rsa = rcgen::KeyPair::generate_for(&rcgen::PKCS_RSA_SHA256).unwrap();
         let rsa_key = EncodingKey::from_rsa_pem(rsa.serialize_pem().as_bytes()).unwrap();
-        let public = DecodingKey::from_rsa_der(&rsa.public_key_raw());
+        let public = DecodingKey::from_rsa_der(rsa.public_key_raw());
         let mut rsa_jwk = jsonwebtoken::jwk::Jwk::from_decoding_key(&public, Some(Algorithm::RS256)).unwrap();
         rsa_jwk.common.key_id = Some("rsa-1".into());
         let ed = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
