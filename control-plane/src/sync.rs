@@ -49,8 +49,9 @@ pub struct SyncOptions {
     pub purge_after: Duration,
     /// How often the sweeper looks for stale and purgeable nodes.
     pub sweep_interval: Duration,
-    /// After a commit, wait until no further commit came for this long
-    /// before fetching the snapshot, so a burst of writes becomes one push.
+    /// A commit this long after the last push is pushed at once; one sooner
+    /// is part of a burst: wait until no further commit came for this long
+    /// before fetching the snapshot, so the rest of the burst becomes one push.
     pub coalesce_delay: Duration,
     /// ...but push no later than this after the burst's first commit, so a
     /// steady stream of writes is still delivered.

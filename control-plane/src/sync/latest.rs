@@ -16,7 +16,8 @@ pub type Latest = Option<Arc<v1::Snapshot>>;
 /// How a burst of commits is folded into one push.
 #[derive(Debug, Clone, Copy)]
 pub struct Coalesce {
-    /// Push once no commit came for this long.
+    /// A commit this long after the last push goes out at once; within a
+    /// burst, push once no commit came for this long.
     pub quiet: Duration,
     /// Push at the latest this long after the first commit of a burst.
     pub max_wait: Duration,
@@ -38,6 +39,7 @@ async fn run(store: Store, coalesce: Coalesce, tx: watch::Sender<Latest>, mut sh
     // Load once at start so the first change is not needed to fill the cache.
     versions.mark_changed();
     let mut retry = Duration::from_millis(100);
+    let mut last_push: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             changed = versions.changed() => if changed.is_err() { return },
@@ -45,12 +47,15 @@ async fn run(store: Store, coalesce: Coalesce, tx: watch::Sender<Latest>, mut sh
             _ = shutdown.changed() => return,
             () = tx.closed() => return,
         }
-        // Let the rest of a burst commit: wait for `coalesce.quiet` without a
-        // commit, but no longer than `coalesce.max_wait`, so a steady stream
-        // of writes still reaches the data planes. The watch keeps only the
-        // newest version, so everything committed meanwhile is one push.
+        // A commit after a quiet spell (an operator's single write, the usual
+        // case) is pushed at once. Within a burst, let the rest commit: wait
+        // for `coalesce.quiet` without a commit, but no longer than
+        // `coalesce.max_wait`, so a steady stream of writes still reaches the
+        // data planes. The watch keeps only the newest version, so everything
+        // committed meanwhile is one push.
+        let in_burst = last_push.is_some_and(|at| at.elapsed() < coalesce.quiet);
         let burst_started = tokio::time::Instant::now();
-        loop {
+        while in_burst {
             tokio::select! {
                 changed = versions.changed() => {
                     if changed.is_err() {
@@ -70,6 +75,7 @@ async fn run(store: Store, coalesce: Coalesce, tx: watch::Sender<Latest>, mut sh
         match store.latest_snapshot().await {
             Ok(snapshot) => {
                 retry = Duration::from_millis(100);
+                last_push = Some(tokio::time::Instant::now());
                 tx.send_if_modified(|current| {
                     let newer = current.as_ref().is_none_or(|c| snapshot.version > c.version);
                     if newer {
