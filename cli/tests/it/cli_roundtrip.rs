@@ -10,7 +10,7 @@ use anyhow::{Context, Result, ensure};
 use serde_json::Value;
 use tokio::process::Command;
 
-use crate::support::{ADMIN_TOKEN, Process, binary, eventually, upstream};
+use crate::support::{ADMIN_TOKEN, binary, eventually, standalone, upstream};
 
 struct Cli {
     admin_url: String,
@@ -79,30 +79,7 @@ fn path_str(path: &Path) -> Result<&str> {
 #[tokio::test]
 async fn export_apply_edit_dry_run_apply_rollback() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let db = format!("sqlite://{}", dir.path().join("sluice.db").display());
-    let key = dir.path().join("secret.key").display().to_string();
-    let server = Process::spawn(
-        "sluice",
-        &[
-            "standalone",
-            "--database-url",
-            &db,
-            "--admin-addr",
-            "127.0.0.1:0",
-            "--http-addr",
-            "127.0.0.1:0",
-            "--https-addr",
-            "127.0.0.1:0",
-            "--ops-addr",
-            "127.0.0.1:0",
-            "--token",
-            ADMIN_TOKEN,
-            "--secret-key-file",
-            &key,
-            "--no-access-log",
-        ],
-    )
-    .await?;
+    let server = standalone(dir.path()).await?;
     let cli = Cli { admin_url: server.first_line["admin_url"].as_str().context("admin_url")?.to_string() };
     let proxy_url = server.first_line["proxy_url"].as_str().context("proxy_url")?.to_string();
     let (_backend, backend) = upstream("backend", "127.0.0.1:0").await?;

@@ -58,13 +58,7 @@ async fn swaps_under_load_drop_nothing_and_in_flight_requests_finish_on_the_old_
     let proxy = dp.addr("http_addr")?;
     let client = reqwest::Client::builder().timeout(WAIT).build()?;
 
-    admin
-        .ok(
-            Method::POST,
-            "/v1/upstreams",
-            Some(json!({ "name": "pool", "targets": [{ "url": format!("http://{a1}") }] })),
-        )
-        .await?;
+    admin.create_upstream("pool", a1).await?;
     admin
         .ok(
             Method::POST,
@@ -144,13 +138,7 @@ async fn a_snapshot_the_data_plane_cannot_compile_is_nacked_and_the_old_routes_k
     let proxy = dp.addr("http_addr")?;
     let client = reqwest::Client::builder().timeout(WAIT).build()?;
 
-    admin
-        .ok(
-            Method::POST,
-            "/v1/upstreams",
-            Some(json!({ "name": "pool", "targets": [{ "url": format!("http://{a1}") }] })),
-        )
-        .await?;
+    admin.create_upstream("pool", a1).await?;
     admin
         .ok(Method::POST, "/v1/apis", Some(json!({ "name": "svc", "path_prefix": "/svc", "upstream": "pool" })))
         .await?;
@@ -233,13 +221,7 @@ async fn data_planes_survive_a_control_plane_restart_and_a_cached_node_serves_wh
     let mut dp_b = data_plane_with(grpc, "dp-b", &["--snapshot-cache", cache_arg]).await?;
     let client = reqwest::Client::builder().timeout(WAIT).build()?;
 
-    admin
-        .ok(
-            Method::POST,
-            "/v1/upstreams",
-            Some(json!({ "name": "pool", "targets": [{ "url": format!("http://{a1}") }] })),
-        )
-        .await?;
+    admin.create_upstream("pool", a1).await?;
     let proxies = [dp_a.addr("http_addr")?, dp_b.addr("http_addr")?];
     let rollout = timed_rollout(&admin, &client, &proxies, "svc").await?;
     eprintln!("convergence (admin write -> both nodes serving): {rollout:?}");

@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::{Context, Result, ensure};
 use tokio::process::Command;
 
-use crate::support::{ADMIN_TOKEN, Process, binary, eventually, upstream};
+use crate::support::{ADMIN_TOKEN, binary, eventually, standalone, upstream};
 
 async fn cli(admin_url: &str, args: &[&str]) -> Result<(bool, String, String)> {
     let output = Command::new(binary("sluice"))
@@ -51,30 +51,7 @@ apis:
 #[tokio::test]
 async fn standalone_serves_what_the_cli_applies() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let db = format!("sqlite://{}", dir.path().join("sluice.db").display());
-    let key = dir.path().join("secret.key").display().to_string();
-    let server = Process::spawn(
-        "sluice",
-        &[
-            "standalone",
-            "--database-url",
-            &db,
-            "--admin-addr",
-            "127.0.0.1:0",
-            "--http-addr",
-            "127.0.0.1:0",
-            "--https-addr",
-            "127.0.0.1:0",
-            "--ops-addr",
-            "127.0.0.1:0",
-            "--token",
-            ADMIN_TOKEN,
-            "--secret-key-file",
-            &key,
-            "--no-access-log",
-        ],
-    )
-    .await?;
+    let server = standalone(dir.path()).await?;
     let admin_url = server.first_line["admin_url"].as_str().context("admin_url")?.to_string();
     let proxy_url = server.first_line["proxy_url"].as_str().context("proxy_url")?.to_string();
     let (_backend, backend) = upstream("backend", "127.0.0.1:0").await?;

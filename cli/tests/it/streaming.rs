@@ -70,13 +70,7 @@ async fn a_100_mb_upload_and_download_stream_through_without_growing_the_data_pl
     let proxy = dp.addr("http_addr")?;
     let client = reqwest::Client::builder().timeout(TRANSFER).build()?;
 
-    admin
-        .ok(
-            Method::POST,
-            "/v1/upstreams",
-            Some(json!({ "name": "pool", "targets": [{ "url": format!("http://{a1}") }] })),
-        )
-        .await?;
+    admin.create_upstream("pool", a1).await?;
     admin
         .ok(
             Method::POST,

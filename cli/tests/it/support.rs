@@ -129,6 +129,34 @@ pub async fn control_plane_on(dir: &std::path::Path, grpc_addr: &str) -> Result<
     .await
 }
 
+/// `sluice standalone` on ephemeral ports, keeping its state in `dir`.
+pub async fn standalone(dir: &std::path::Path) -> Result<Process> {
+    let db = format!("sqlite://{}", dir.join("sluice.db").display());
+    let key = dir.join("secret.key").display().to_string();
+    Process::spawn(
+        "sluice",
+        &[
+            "standalone",
+            "--database-url",
+            &db,
+            "--admin-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--https-addr",
+            "127.0.0.1:0",
+            "--ops-addr",
+            "127.0.0.1:0",
+            "--token",
+            ADMIN_TOKEN,
+            "--secret-key-file",
+            &key,
+            "--no-access-log",
+        ],
+    )
+    .await
+}
+
 pub async fn data_plane(grpc: SocketAddr, node_id: &str) -> Result<Process> {
     data_plane_with(grpc, node_id, &[]).await
 }
@@ -190,6 +218,12 @@ impl Admin {
     pub async fn data_planes(&self) -> Result<Vec<Value>> {
         let page = self.ok(reqwest::Method::GET, "/v1/data-planes", None).await?;
         Ok(page["items"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// Creates an upstream with one plain-HTTP target.
+    pub async fn create_upstream(&self, name: &str, target: SocketAddr) -> Result<Value> {
+        let body = serde_json::json!({ "name": name, "targets": [{ "url": format!("http://{target}") }] });
+        self.ok(reqwest::Method::POST, "/v1/upstreams", Some(body)).await
     }
 
     /// Sends and insists on a 2xx answer.

@@ -45,20 +45,8 @@ async fn websocket_messages_echo_through_the_proxy_and_close_cleanly() -> Result
     let (_u1, a1) = upstream("u1", "127.0.0.1:0").await?;
     let client = reqwest::Client::builder().timeout(WAIT).build()?;
 
-    admin
-        .ok(
-            Method::POST,
-            "/v1/upstreams",
-            Some(json!({ "name": "ws", "targets": [{ "url": format!("http://{ws_addr}") }] })),
-        )
-        .await?;
-    admin
-        .ok(
-            Method::POST,
-            "/v1/upstreams",
-            Some(json!({ "name": "http", "targets": [{ "url": format!("http://{a1}") }] })),
-        )
-        .await?;
+    admin.create_upstream("ws", ws_addr).await?;
+    admin.create_upstream("http", a1).await?;
     admin.ok(Method::POST, "/v1/apis", Some(json!({ "name": "ws", "path_prefix": "/ws", "upstream": "ws" }))).await?;
     admin
         .ok(Method::POST, "/v1/apis", Some(json!({ "name": "probe", "path_prefix": "/probe", "upstream": "http" })))

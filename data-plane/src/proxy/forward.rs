@@ -102,7 +102,10 @@ pub(super) async fn forward(
         *outgoing.method_mut() = parts.method.clone();
         *outgoing.uri_mut() = uri;
         *outgoing.version_mut() = version;
-        *outgoing.headers_mut() = headers.clone();
+        // Only an attempt that may be followed by a retry needs to keep the
+        // headers; the usual single attempt hands them over without a copy.
+        let may_retry = idempotent && replayable && attempt < api.retries;
+        *outgoing.headers_mut() = if may_retry { headers.clone() } else { std::mem::take(&mut headers) };
         if !api.preserve_host && !http2 {
             outgoing.headers_mut().insert(header::HOST, authority_value(&target)?);
         }
@@ -121,7 +124,7 @@ pub(super) async fn forward(
             }
             Ok(Err(e)) if e.is_connect() => {
                 pool.record_failure(&target);
-                if idempotent && replayable && attempt < api.retries && pool.withdraw_retry() {
+                if may_retry && pool.withdraw_retry() {
                     attempt += 1;
                     tracing::debug!(upstream = %pool.name, target = %target.url, attempt, "connect failed; retrying");
                     continue;
