@@ -55,17 +55,19 @@ async fn run(store: Store, coalesce: Coalesce, tx: watch::Sender<Latest>, mut sh
         // committed meanwhile is one push.
         let in_burst = last_push.is_some_and(|at| at.elapsed() < coalesce.quiet);
         let burst_started = tokio::time::Instant::now();
-        while in_burst {
-            tokio::select! {
-                changed = versions.changed() => {
-                    if changed.is_err() {
-                        return;
+        if in_burst {
+            loop {
+                tokio::select! {
+                    changed = versions.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        if burst_started.elapsed() >= coalesce.max_wait {
+                            break;
+                        }
                     }
-                    if burst_started.elapsed() >= coalesce.max_wait {
-                        break;
-                    }
+                    () = tokio::time::sleep(coalesce.quiet) => break,
                 }
-                () = tokio::time::sleep(coalesce.quiet) => break,
             }
         }
         let wanted = *versions.borrow_and_update();
