@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import procs
-from .load import Layout, Target
+from .load import Layout, Request, Target
 
 BASIC_USER, BASIC_PASSWORD = "loadtest", "secret"
 BASIC_HEADER = "Basic " + base64.b64encode(f"{BASIC_USER}:{BASIC_PASSWORD}".encode()).decode()
@@ -102,9 +102,10 @@ def htpasswd_ssha(path: Path) -> Path:
     return path
 
 
-def check(target: Target, expect_header: str | None = None) -> dict:
-    """One request through target before measuring it: must be 2xx; returns the echo (JSON) if any."""
-    scheme, rest = target.url.split("://", 1)
+def send(url: str, method: str, body: bytes | None, headers: dict[str, str]) -> tuple[int, dict, bytes]:
+    """One request on a new connection (HTTPS unverified: the run's own certificates); returns the status,
+    the response headers (lower-cased names) and the body."""
+    scheme, rest = url.split("://", 1)
     hostport, _, path = rest.partition("/")
     host, port = hostport.rsplit(":", 1)
     if scheme == "https":
@@ -114,19 +115,32 @@ def check(target: Target, expect_header: str | None = None) -> dict:
         conn = http.client.HTTPSConnection(host, int(port), timeout=10, context=ctx)
     else:
         conn = http.client.HTTPConnection(host, int(port), timeout=10)
-    headers = {}
-    body = None
-    if target.request.body_file:
-        body = target.request.body_file.read_bytes()
-        headers["Content-Type"] = "application/json"
-    if target.request.auth:
-        headers["Authorization"] = target.request.auth
-    conn.request(target.request.method, "/" + path, body=body, headers=headers)
-    resp = conn.getresponse()
-    data = resp.read()
-    conn.close()
-    if not 200 <= resp.status < 300:
-        raise RuntimeError(f"{target.label}: {target.request.method} {target.url} -> {resp.status}: {data[:500]!r}")
+    try:
+        conn.request(method, "/" + path, body=body, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+    finally:
+        conn.close()
+
+
+def request_headers(request: Request) -> dict[str, str]:
+    """The headers wrk sends for request (as lua/bench.lua builds them), for requests made from Python."""
+    headers = {"Content-Type": "application/json"} if request.body_file else {}
+    if request.auth:
+        headers["Authorization"] = request.auth
+    for name, value in request.headers.items():
+        headers = {k: v for k, v in headers.items() if k.lower() != name.lower()}
+        headers[name] = value
+    return headers
+
+
+def check(target: Target, expect_header: str | None = None) -> dict:
+    """One request through target before measuring it: must be 2xx; returns the echo (JSON) if any."""
+    request = target.request
+    body = request.body_file.read_bytes() if request.body_file else None
+    status, _, data = send(target.url, request.method, body, request_headers(request))
+    if not 200 <= status < 300:
+        raise RuntimeError(f"{target.label}: {request.method} {target.url} -> {status}: {data[:500]!r}")
     try:
         return json.loads(data)
     except ValueError:

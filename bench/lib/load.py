@@ -18,10 +18,19 @@ LUA = Path(__file__).resolve().parent.parent / "lua" / "bench.lua"
 
 @dataclass
 class Request:
-    """What wrk sends: method, optional JSON body file, optional Authorization."""
+    """What wrk sends: method, optional JSON body file, optional Authorization, and any other headers
+    (`headers`, sent last: they win over the Content-Type a body file implies and over `auth`)."""
     method: str = "GET"
     body_file: Path | None = None
     auth: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def header_lines(self) -> str:
+        """`headers` as BENCH_HEADERS for lua/bench.lua: one `Name: value` a line."""
+        for name, value in self.headers.items():
+            if "\n" in name + value or ":" in name:
+                raise ValueError(f"header {name!r}: {value!r} cannot go through BENCH_HEADERS")
+        return "\n".join(f"{name}: {value}" for name, value in self.headers.items())
 
 
 @dataclass
@@ -51,6 +60,7 @@ def wrk(target: Target, connections: int, duration: float, layout: Layout,
     env = {"BENCH_METHOD": target.request.method,
            "BENCH_BODY_FILE": str(target.request.body_file or ""),
            "BENCH_AUTH": target.request.auth or "",
+           "BENCH_HEADERS": target.request.header_lines(),
            "BENCH_STOP_AFTER": str(-(-stop_after_total // threads) if stop_after_total else 0),
            "PATH": "/usr/local/bin:/usr/bin:/bin"}
     peak = [target.gateway.rss_kb()]

@@ -4,13 +4,15 @@ it (by pid) and returns a JSON-able dict for results/ and RESULTS.md."""
 from __future__ import annotations
 
 import http.client
+import json
 import statistics
 import threading
 import time
 
 from . import peers, procs
+from . import policies as per_policy
 from .context import (BASIC_HEADER, BASIC_USER, BASIC_PASSWORD, SMALL_BODY, Context, body_1066, check,
-                      htpasswd_ssha, make_certs)
+                      htpasswd_ssha, make_certs, request_headers, send)
 from .load import Request, Target, rounds, summarize, wrk
 from .sluice import Sluice
 
@@ -177,6 +179,64 @@ def openapi(ctx: Context) -> dict:
         return {**info, "body_bytes": len(SMALL_BODY), "connections": 175, "gateways": gateways}
     finally:
         stack.stop()
+
+
+# --- policies: what each policy costs per request ---------------------------------
+
+def policies(ctx: Context) -> dict:
+    """One API per policy (bench/lib/policies.py, the same as bench/profile's) on one data plane, each
+    taking the request that passes it, in turn with a plain API: req/s and CPU per request against it."""
+    d = ctx.scenario_dir("policies")
+    stack = Stack()
+    info = load_env()
+    try:
+        up, addr = ctx.upstream(d, "u1")
+        stack.add(up)
+        sluice = stack.add(new_sluice(ctx, d))
+        cases = per_policy.cases()
+        sluice.configure(per_policy.config(ctx.fixtures, addr, cases))
+        body = d / "body.json"
+        body.write_bytes(SMALL_BODY)
+        dp = sluice.dps[0]
+        targets = []
+        for case in cases:
+            request = case["request"]
+            # One body for all, so the APIs differ only in their policy.
+            assert request["body"] == SMALL_BODY, f"{case['api']['name']}: not the shared body"
+            targets.append(Target(case["api"]["name"], f"http://{dp.http}{case['path']}", dp.proc,
+                                  Request(request["method"], body, headers=request["headers"])))
+        checks = {t.label: check_policy(t) for t in targets}
+        gateways = rounds(targets, 175, ctx.duration, ctx.warmup, ctx.rounds, ctx.layout)
+        return {**info, "body_bytes": len(SMALL_BODY), "connections": 175, "checks": checks,
+                "gateways": gateways}
+    finally:
+        stack.stop()
+
+
+def check_policy(target: Target) -> list[str]:
+    """The API passes its request (2xx, the whole body reaching the upstream) and its policy shows that it
+    ran: a request it must refuse gets the refusal, or the passing response carries the policy's mark.
+    Without this a policy left off (or a request matching another API) would measure as free."""
+    label = target.label
+    status, headers, data = send(target.url, target.request.method, target.request.body_file.read_bytes(),
+                                 request_headers(target.request))
+    if not 200 <= status < 300:
+        raise RuntimeError(f"{label}: {target.request.method} {target.url} -> {status}: {data[:500]!r}")
+    echo = json.loads(data)
+    assert echo.get("body_len") == len(SMALL_BODY), f"{label} forwarded {echo.get('body_len')} bytes"
+    shown = [f"2xx, {len(SMALL_BODY)} bytes upstream"]
+    if label in per_policy.marks():
+        where, name, want = per_policy.marks()[label]
+        seen = headers if where == "response" else {k.lower(): v for k, v in echo.get("headers", {}).items()}
+        got = seen.get(name)
+        assert got is not None and want in (None, got), f"{label}: {where} header {name} is {got!r}: policy off?"
+        shown.append(f"{where} header `{name}: {got}`")
+    if label in per_policy.refusals():
+        what, bad, want_status = per_policy.refusals()[label]
+        got_status, _, data = send(target.url, bad["method"], bad["body"], bad["headers"])
+        assert got_status == want_status, f"{label}: {what} got {got_status}, not {want_status}: {data[:300]!r}"
+        shown.append(f"{what} → {want_status}")
+    return shown
 
 
 # --- round-robin: BunGate's test ----------------------------------------------
@@ -450,5 +510,5 @@ def soak(ctx: Context, total: int = 1_000_000) -> dict:
         stack.stop()
 
 
-ALL = {"proxy": proxy, "secured": secured, "openapi": openapi, "round-robin": round_robin,
-       "memory": memory, "push": push, "soak": soak}
+ALL = {"proxy": proxy, "secured": secured, "openapi": openapi, "policies": policies,
+       "round-robin": round_robin, "memory": memory, "push": push, "soak": soak}

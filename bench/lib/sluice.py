@@ -56,8 +56,10 @@ class Sluice:
         bound = self.cp.first_json_line(timeout=60)
         self.admin, self.grpc = bound["admin_addr"], bound["grpc_addr"]
 
-    def start_data_plane(self, node_id: str, snapshot_cache: bool = False) -> DataPlane:
-        argv = [str(self.bins / "sluice-dp"), "--control-plane", f"http://{self.grpc}",
+    def start_data_plane(self, node_id: str, snapshot_cache: bool = False,
+                         wrapper: list[str] | None = None) -> DataPlane:
+        """`wrapper` runs the data plane under another program (bench/profile: valgrind)."""
+        argv = [*(wrapper or []), str(self.bins / "sluice-dp"), "--control-plane", f"http://{self.grpc}",
                 "--cluster-token", CLUSTER_TOKEN, "--http-addr", "127.0.0.1:0", "--https-addr", "127.0.0.1:0",
                 "--ops-addr", "127.0.0.1:0", "--node-id", node_id, "--access-log", "off"]
         if snapshot_cache:
@@ -65,7 +67,7 @@ class Sluice:
         # tokio sizes its worker pool from the CPU affinity; the env var makes it explicit.
         proc = procs.start(node_id, argv, self.workdir, cpus=self.gateway_cpus,
                            env={"RUST_LOG": "warn", "TOKIO_WORKER_THREADS": str(self.gateway_cores)})
-        bound = proc.first_json_line()
+        bound = proc.first_json_line(timeout=120 if wrapper else 30)
         dp = DataPlane(proc, node_id, bound["http_addr"], bound["https_addr"], bound["ops_addr"])
         self.dps.append(dp)
         return dp

@@ -1,6 +1,7 @@
 -- wrk script for bench/run: the request comes from the environment, and done()
 -- prints one JSON line with the counts and percentiles wrk's text leaves out
 -- (p99.9). BENCH_METHOD, BENCH_BODY_FILE, BENCH_AUTH (Authorization value),
+-- BENCH_HEADERS (more headers, one "Name: value" a line, set last so they win),
 -- BENCH_STOP_AFTER (responses per thread, then the thread stops: soak).
 
 wrk.method = os.getenv("BENCH_METHOD") or "GET"
@@ -14,6 +15,18 @@ end
 local auth = os.getenv("BENCH_AUTH")
 if auth and auth ~= "" then
   wrk.headers["Authorization"] = auth
+end
+for line in (os.getenv("BENCH_HEADERS") or ""):gmatch("[^\n]+") do
+  local name, value = line:match("^%s*([^:%s]+)%s*:%s*(.-)%s*$")
+  if name then
+    -- Header names are case-insensitive: drop any spelling already set, so one is sent.
+    for set_name in pairs(wrk.headers) do
+      if set_name:lower() == name:lower() then
+        wrk.headers[set_name] = nil
+      end
+    end
+    wrk.headers[name] = value
+  end
 end
 
 local stop_after = tonumber(os.getenv("BENCH_STOP_AFTER") or "0")

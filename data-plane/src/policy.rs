@@ -146,6 +146,18 @@ impl PolicyChain {
         Ok(chain)
     }
 
+    /// An API without policies goes straight to the upstream.
+    fn is_empty(&self) -> bool {
+        let PolicyChain { api: _, cors, ip_restriction, size_limit, auth, rate_limit, headers, openapi } = self;
+        cors.is_none()
+            && ip_restriction.is_none()
+            && size_limit.is_none()
+            && !auth.is_configured()
+            && rate_limit.is_none()
+            && headers.is_none()
+            && openapi.is_none()
+    }
+
     /// Whether a CORS preflight to this API is answered by the gateway (the
     /// router lets such a preflight through even when OPTIONS is not routed).
     pub fn answers_preflights(&self) -> bool {
@@ -161,14 +173,21 @@ impl PolicyChain {
         &self,
         mut request: Request<RequestBody>,
         client_ip: IpAddr,
-        consumer: &mut Option<String>,
+        consumer: &mut Option<Arc<str>>,
         forward: F,
     ) -> Result<Response<ProxyBody>, ProxyError>
     where
         F: FnOnce(Request<RequestBody>) -> Fut,
         Fut: Future<Output = Result<Response<ProxyBody>, ProxyError>>,
     {
-        let instance = request.uri().path().to_owned();
+        if self.is_empty() {
+            // No policy names a consumer, so a client-sent one never passes.
+            request.headers_mut().remove(X_CONSUMER_USERNAME);
+            return forward(request).await;
+        }
+        // The URI's clone shares its bytes; the path is the problem's `instance`.
+        let uri = request.uri().clone();
+        let instance = uri.path();
         let method = request.method().clone();
         // 1. CORS first: a preflight carries no credentials, so it is answered
         //    here before auth could 401 it; its headers go on every answer below.
@@ -176,7 +195,7 @@ impl PolicyChain {
             None => HeaderMap::new(),
             Some(CorsStep::Continue(headers)) => headers,
             Some(CorsStep::Answer(response)) => return Ok(response),
-            Some(CorsStep::Reject(rejection)) => return Ok(self.rejected(rejection, &instance)),
+            Some(CorsStep::Reject(rejection)) => return Ok(self.rejected(rejection, instance)),
         };
         let outcome = async {
             // 2. IP restriction: the cheapest refusal, it reads nothing of the request.
@@ -184,7 +203,7 @@ impl PolicyChain {
             // 3. Size limit: by Content-Length before a body byte is read; else counted while streaming.
             let body_limit = BodyLimit::apply(self.size_limit.as_ref(), &mut request)?;
             // 4. Authentication: names the consumer that the rate limit and the upstream need.
-            *consumer = self.authenticate(&mut request).await?;
+            *consumer = self.auth.authenticate(&mut request).await?;
             // 5. Rate limit after auth: anonymous floods get 401s without spending a consumer's quota.
             let rate_headers = self.rate_limit(consumer.as_deref(), client_ip, request.headers()).await?;
             // 6. Request header rules: after auth (they may use X-Consumer-Username), before validation sees them.
@@ -194,7 +213,7 @@ impl PolicyChain {
             // Forward; a failure caused by the streaming size limit is the client's 413, not a 502.
             let response = forward(request).await.map_err(|e| body_limit.explain(e))?;
             // Response: validated as the upstream sent it, before the gateway's own changes.
-            let mut response = self.validate_response(&method, &instance, response).await?;
+            let mut response = self.validate_response(&method, instance, response).await?;
             self.rewrite_response(response.headers_mut());
             replace_headers(response.headers_mut(), rate_headers);
             Ok::<_, Stop>(response)
@@ -202,7 +221,7 @@ impl PolicyChain {
         .await;
         let mut response = match outcome {
             Ok(response) => response,
-            Err(Stop::Reject(rejection)) => self.rejected(rejection, &instance),
+            Err(Stop::Reject(rejection)) => self.rejected(rejection, instance),
             Err(Stop::Respond(policy, response)) => {
                 self.count_rejection(policy, response.status());
                 response
@@ -215,16 +234,6 @@ impl PolicyChain {
 
     fn check_ip(&self, client_ip: IpAddr) -> Result<(), Rejection> {
         self.ip_restriction.as_ref().map_or(Ok(()), |p| p.check(client_ip))
-    }
-
-    async fn authenticate(&self, request: &mut Request<RequestBody>) -> Result<Option<String>, Rejection> {
-        let consumer = self.auth.authenticate(request).await?;
-        if let Some(name) = &consumer {
-            // Labelled by consumer only (not API): consumers are few and set by
-            // operators, so the series count stays bounded by configuration.
-            metrics::counter!("sluice_consumer_requests_total", "consumer" => name.to_string()).increment(1);
-        }
-        Ok(consumer.map(|c| c.to_string()))
     }
 
     async fn rate_limit(
@@ -339,7 +348,7 @@ impl BodyLimit {
 /// executor, and when it is not, the error surfaces far away in `proxy.rs` as
 /// a missing `graceful_shutdown`. This fails right here instead.
 #[allow(dead_code)]
-fn apply_is_send(chain: &PolicyChain, request: Request<RequestBody>, consumer: &mut Option<String>) {
+fn apply_is_send(chain: &PolicyChain, request: Request<RequestBody>, consumer: &mut Option<Arc<str>>) {
     fn send<T: Send>(_: T) {}
     let forward = |_| async { Err::<Response<ProxyBody>, _>(ProxyError::NotReady) };
     send(chain.apply(request, IpAddr::from([127, 0, 0, 1]), consumer, forward));

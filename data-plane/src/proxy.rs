@@ -8,13 +8,14 @@
 mod error;
 mod forward;
 mod log;
+mod metrics;
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::{Method, Request, Response, StatusCode, header};
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -27,6 +28,7 @@ use tracing::{debug, warn};
 
 pub use error::{Origin, ProxyError};
 pub use log::LoggedBody;
+pub use metrics::RequestMetrics;
 
 use crate::routing::{CompiledApi, RouteMiss, RoutingTable, TableStore};
 use log::Exchange;
@@ -162,8 +164,8 @@ async fn serve_connection<S>(
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let client_ip = peer.ip().to_canonical();
-    let service = service_fn(move |request| handle(request, shared.clone(), client_ip));
+    let client = Peer::new(peer.ip().to_canonical());
+    let service = service_fn(move |request| handle(request, shared.clone(), client.clone()));
     let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
     tokio::pin!(connection);
     tokio::select! {
@@ -182,15 +184,30 @@ async fn serve_connection<S>(
     }
 }
 
+/// The client's address, with its `X-Forwarded-For` form built once per connection.
+#[derive(Debug, Clone)]
+struct Peer {
+    ip: IpAddr,
+    forwarded_for: HeaderValue,
+}
+
+impl Peer {
+    fn new(ip: IpAddr) -> Self {
+        // An address always makes a valid header value; the fallback is never used.
+        let forwarded_for = HeaderValue::from_str(&ip.to_string()).unwrap_or(HeaderValue::from_static("unknown"));
+        Peer { ip, forwarded_for }
+    }
+}
+
 async fn handle(
     request: Request<Incoming>,
     shared: Arc<Shared>,
-    client_ip: IpAddr,
+    peer: Peer,
 ) -> Result<Response<LoggedBody>, Infallible> {
     let mut exchange = Exchange {
         started: Instant::now(),
-        method: request.method().to_string(),
-        path: request.uri().path().to_string(),
+        method: request.method().clone(),
+        uri: request.uri().clone(),
         api: None,
         upstream_target: None,
         consumer: None,
@@ -199,16 +216,18 @@ async fn handle(
         in_flight: None,
         table: None,
     };
-    let response = match route_and_forward(request, &shared, client_ip, &mut exchange).await {
+    let response = match route_and_forward(request, &shared, &peer, &mut exchange).await {
         Ok(response) => response,
         Err(error) => {
             let request_id = format!("{:016x}", rand::random::<u64>());
             match error.origin() {
                 Origin::Client => debug!(%error, "request rejected"),
-                Origin::Upstream => warn!(%error, request_id, api = exchange.api.as_deref(), "upstream failure"),
+                Origin::Upstream => {
+                    warn!(%error, request_id, api = exchange.api.as_ref().map(|api| api.name.as_str()), "upstream failure")
+                }
                 Origin::Internal => warn!(%error, request_id, "internal proxy error"),
             }
-            error.to_response(&exchange.path, &request_id)
+            error.to_response(exchange.uri.path(), &request_id)
         }
     };
     exchange.status = response.status();
@@ -218,7 +237,7 @@ async fn handle(
 async fn route_and_forward(
     request: Request<Incoming>,
     shared: &Shared,
-    client_ip: IpAddr,
+    peer: &Peer,
     exchange: &mut Exchange,
 ) -> Result<Response<crate::upstream::ProxyBody>, ProxyError> {
     // One load per request: the whole request, body streaming included, runs
@@ -233,20 +252,23 @@ async fn route_and_forward(
     let api = match table.route(host, request.uri().path(), request.method()) {
         Ok(api) => api.clone(),
         Err(RouteMiss::NotFound) => {
-            return Err(ProxyError::NoRoute { method: exchange.method.clone(), path: exchange.path.clone() });
+            return Err(ProxyError::NoRoute {
+                method: exchange.method.to_string(),
+                path: exchange.uri.path().to_string(),
+            });
         }
         Err(RouteMiss::MethodNotAllowed { allow }) => match preflight_route(&table, host, &request) {
             Some(api) => api,
             None => {
                 return Err(ProxyError::MethodNotAllowed {
-                    method: exchange.method.clone(),
-                    path: exchange.path.clone(),
+                    method: exchange.method.to_string(),
+                    path: exchange.uri.path().to_string(),
                     allow,
                 });
             }
         },
     };
-    exchange.api = Some(api.name.clone());
+    exchange.api = Some(api.clone());
     // From here the body may be wrapped by policies (size limit, buffering), which must be able to fail it.
     let request = request.map(|body| body.map_err(Into::into).boxed());
     let (api, options) = (api.as_ref(), &shared.options);
@@ -254,8 +276,8 @@ async fn route_and_forward(
     let result = {
         let exchange = &mut *exchange;
         api.policies
-            .apply(request, client_ip, &mut consumer, move |request| {
-                forward::forward(api, request, client_ip, options, exchange)
+            .apply(request, peer.ip, &mut consumer, move |request| {
+                forward::forward(api, request, peer, options, exchange)
             })
             .await
     };

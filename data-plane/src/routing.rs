@@ -17,6 +17,7 @@ use sluice_proto::v1;
 pub use matcher::RouteMiss;
 
 use crate::policy::{PolicyChain, PolicyContext};
+use crate::proxy::RequestMetrics;
 use crate::tls::{CertificateError, CertificateSet};
 use crate::upstream::{UpstreamClient, UpstreamPool};
 
@@ -62,6 +63,7 @@ pub struct CompiledApi {
     pub spec: v1::Api,
     /// The API's policies, run between route match and upstream pick.
     pub policies: PolicyChain,
+    pub metrics: RequestMetrics,
 }
 
 /// The compiled form of one snapshot. Immutable once built; requests hold an
@@ -140,6 +142,7 @@ pub fn compile(
             retries: api.retries,
             spec: api.clone(),
             policies,
+            metrics: RequestMetrics::new(api.name.as_str().into()),
         }));
     }
 

@@ -14,12 +14,14 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use http::HeaderValue;
 use http::uri::{Authority, Scheme};
 use http_body_util::combinators::BoxBody;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+use metrics::Gauge;
 use sluice_proto::v1;
 
 use crate::tls::{CertificateSet, UpstreamTls};
@@ -59,6 +61,8 @@ pub struct Target {
     pub url: String,
     pub scheme: Scheme,
     pub authority: Authority,
+    /// The `Host` header for this target, built once.
+    pub host_header: HeaderValue,
     pub weight: u32,
     upstream: String,
     /// Set by the active health check; true until a check says otherwise.
@@ -67,6 +71,9 @@ pub struct Target {
     /// Milliseconds since [`epoch`] until which the target is ejected; 0 when not ejected.
     ejected_until_ms: AtomicU64,
     in_flight: AtomicUsize,
+    /// Registered once: the request path only stores into them.
+    healthy_gauge: Gauge,
+    in_flight_gauge: Gauge,
 }
 
 impl Target {
@@ -98,15 +105,11 @@ impl Target {
 
     fn report_health(&self) {
         let healthy = self.active_healthy.load(Ordering::Relaxed) && self.ejected_until_ms.load(Ordering::Relaxed) == 0;
-        metrics::gauge!("sluice_upstream_healthy", "upstream" => self.upstream.clone(), "target" => self.url.clone())
-            .set(if healthy { 1.0 } else { 0.0 });
+        self.healthy_gauge.set(if healthy { 1.0 } else { 0.0 });
     }
 
     fn report_in_flight(&self, n: usize) {
-        metrics::gauge!(
-            "sluice_upstream_active_connections", "upstream" => self.upstream.clone(), "target" => self.url.clone()
-        )
-        .set(n as f64);
+        self.in_flight_gauge.set(n as f64);
     }
 }
 
@@ -207,8 +210,14 @@ impl UpstreamPool {
                 return Err(format!("target `{}`: only http:// and https:// targets are supported", t.url));
             }
             let authority = uri.authority().cloned().ok_or_else(|| format!("target `{}` has no host", t.url))?;
+            let url = t.url.trim_end_matches('/').to_string();
+            let labels = [("upstream", spec.name.clone()), ("target", url.clone())];
             targets.push(Arc::new(Target {
-                url: t.url.trim_end_matches('/').to_string(),
+                healthy_gauge: metrics::gauge!("sluice_upstream_healthy", &labels),
+                in_flight_gauge: metrics::gauge!("sluice_upstream_active_connections", &labels),
+                host_header: HeaderValue::from_str(authority.as_str())
+                    .map_err(|e| format!("target `{}`: {e}", t.url))?,
+                url,
                 scheme,
                 authority,
                 weight: t.weight.max(1),

@@ -12,7 +12,7 @@ use http::{HeaderName, HeaderValue, Request, StatusCode, Uri, header};
 
 use super::api_key::{ApiKeyAuth, remove_query_param};
 use super::basic_auth::{BasicAuth, Presented};
-use super::jwt::JwtAuth;
+use super::jwt::{JwtAuth, Verified};
 use super::problem::Rejection;
 use crate::upstream::RequestBody;
 
@@ -43,6 +43,8 @@ impl Authentication {
         let mut presented = false;
         let mut failures: Vec<String> = Vec::new();
         let mut consumer = None;
+        // False for a JWKS token's subject: a name no operator configured.
+        let mut configured = true;
 
         if let Some(api_key) = &self.api_key
             && let Some(key) = api_key.presented(request.headers(), request.uri().query())
@@ -60,7 +62,11 @@ impl Authentication {
         {
             presented = true;
             match jwt.verify(token) {
-                Ok(found) => consumer = Some(found),
+                Ok(Verified::Consumer(found)) => consumer = Some(found),
+                Ok(Verified::Subject(subject)) => {
+                    consumer = Some(subject);
+                    configured = false;
+                }
                 Err(why) => failures.push(why.to_string()),
             }
         }
@@ -89,6 +95,12 @@ impl Authentication {
                 request.headers_mut().insert(X_CONSUMER_USERNAME, value);
             }
             Err(_) => tracing::warn!(%consumer, "consumer name cannot be sent in X-Consumer-Username"),
+        }
+        if configured {
+            // Labelled by consumer only (not API): consumers are few and set by
+            // operators, so the series count stays bounded by configuration.
+            // The label shares the name's allocation.
+            metrics::counter!("sluice_consumer_requests_total", "consumer" => consumer.clone()).increment(1);
         }
         Ok(Some(consumer))
     }

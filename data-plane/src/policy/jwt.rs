@@ -127,7 +127,9 @@ impl JwtAuth {
         scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
     }
 
-    pub fn verify(&self, token: &str) -> Result<Arc<str>, JwtRejection> {
+    /// The consumer the token names: a configured consumer when one of its keys
+    /// verified the token, else (see [`Self::verify_with_jwks`]) a claim's value.
+    pub fn verify(&self, token: &str) -> Result<Verified, JwtRejection> {
         // `alg: none` and unknown algorithms fail here: jsonwebtoken's
         // Algorithm has no `none`, so such a header does not parse.
         let header = jsonwebtoken::decode_header(token).map_err(|_| JwtRejection::Malformed)?;
@@ -150,7 +152,7 @@ impl JwtAuth {
             }
         };
         jsonwebtoken::decode::<serde_json::Value>(token, &key.key, &key.validation)
-            .map(|_| key.consumer.clone())
+            .map(|_| Verified::Consumer(key.consumer.clone()))
             .map_err(|e| rejection(&e))
     }
 
@@ -159,7 +161,7 @@ impl JwtAuth {
     /// consumer is whatever the verified `consumer_claim` says. Configuring
     /// every subject as a consumer would defeat the point of delegating
     /// identity to the issuer.
-    fn verify_with_jwks(&self, token: &str, kid: Option<&str>) -> Result<Arc<str>, JwtRejection> {
+    fn verify_with_jwks(&self, token: &str, kid: Option<&str>) -> Result<Verified, JwtRejection> {
         let key = match kid {
             Some(kid) => self.jwks.iter().find(|k| k.kid.as_deref() == Some(kid)),
             // Without a `kid` only a one-key set is unambiguous.
@@ -175,8 +177,27 @@ impl JwtAuth {
             .get(&self.consumer_claim)
             .and_then(serde_json::Value::as_str)
             .filter(|consumer| !consumer.is_empty())
-            .map(Arc::from)
+            .map(|subject| Verified::Subject(Arc::from(subject)))
             .ok_or_else(|| JwtRejection::NoConsumer(self.consumer_claim.clone()))
+    }
+}
+
+/// Who a verified token names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verified {
+    /// A consumer of the snapshot, whose own key verified the token.
+    Consumer(Arc<str>),
+    /// The `consumer_claim` of a token verified by a JWKS key: any value the
+    /// issuer hands out, so unbounded (never a metric label).
+    Subject(Arc<str>),
+}
+
+#[cfg(test)]
+impl Verified {
+    fn name(&self) -> &Arc<str> {
+        match self {
+            Verified::Consumer(name) | Verified::Subject(name) => name,
+        }
     }
 }
 
@@ -433,7 +454,7 @@ mod tests {
         ];
         for (name, token, want) in cases {
             let got = auth.verify(&token);
-            assert_eq!(got.as_deref().map_err(Clone::clone), want, "{name}");
+            assert_eq!(got.as_ref().map(|v| &**v.name()).map_err(Clone::clone), want, "{name}");
         }
     }
 
@@ -450,7 +471,7 @@ mod tests {
         let exp = now() + 60;
         let ok =
             sign(Algorithm::HS384, None, &json!({"sub": "ann-sub", "iss": "https://idp.example", "exp": exp}), &key);
-        assert_eq!(auth.verify(&ok).unwrap().as_ref(), "ann");
+        assert_eq!(auth.verify(&ok).unwrap(), Verified::Consumer("ann".into()));
         let wrong_iss =
             sign(Algorithm::HS384, None, &json!({"sub": "ann-sub", "iss": "https://evil", "exp": exp}), &key);
         assert_eq!(auth.verify(&wrong_iss).unwrap_err(), JwtRejection::Issuer);
@@ -571,7 +592,7 @@ mod tests {
         ];
         for (name, token, want) in cases {
             let got = auth.verify(&token);
-            assert_eq!(got.as_deref().map_err(Clone::clone), want, "{name}");
+            assert_eq!(got.as_ref().map(|v| &**v.name()).map_err(Clone::clone), want, "{name}");
         }
     }
 
@@ -583,7 +604,7 @@ mod tests {
         let spec = v1::JwtAuth { jwks: set.to_string(), consumer_claim: "email".into(), ..Default::default() };
         let auth = JwtAuth::compile(&spec, "shop", &[]).unwrap();
         let token = sign(Algorithm::EdDSA, None, &json!({"email": "eve@example.com", "exp": now() + 60}), &key);
-        assert_eq!(auth.verify(&token).unwrap().as_ref(), "eve@example.com");
+        assert_eq!(auth.verify(&token).unwrap(), Verified::Subject("eve@example.com".into()));
         // An API accepting only RS256 leaves the Ed25519 key out.
         let only_rs = v1::JwtAuth { algorithms: vec!["RS256".into()], ..spec.clone() };
         assert!(JwtAuth::compile(&only_rs, "shop", &[]).unwrap().jwks.is_empty());

@@ -3,9 +3,6 @@
 //! target, sends with timeout and bounded retries, and prepares the response
 //! (including the tunnel of an upgraded connection such as a WebSocket).
 
-use std::net::IpAddr;
-use std::sync::Arc;
-
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Method, Request, Response, StatusCode, Uri, Version};
@@ -14,11 +11,11 @@ use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
-use super::ProxyOptions;
 use super::error::ProxyError;
 use super::log::Exchange;
+use super::{Peer, ProxyOptions};
 use crate::routing::CompiledApi;
-use crate::upstream::{InFlight, ProxyBody, RequestBody, Target};
+use crate::upstream::{InFlight, ProxyBody, RequestBody};
 
 /// Headers that describe one hop, never the end-to-end message (RFC 9110 §7.6.1).
 const HOP_BY_HOP: [HeaderName; 8] = [
@@ -38,7 +35,7 @@ const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host")
 pub(super) async fn forward(
     api: &CompiledApi,
     mut request: Request<RequestBody>,
-    client_ip: IpAddr,
+    peer: &Peer,
     options: &ProxyOptions,
     exchange: &mut Exchange,
 ) -> Result<Response<ProxyBody>, ProxyError> {
@@ -48,11 +45,11 @@ pub(super) async fn forward(
     let client_upgrade = upgrade.is_some().then(|| hyper::upgrade::on(&mut request));
 
     let (parts, body) = request.into_parts();
-    let original_host = parts
-        .uri
-        .authority()
-        .map(|a| a.as_str().to_string())
-        .or_else(|| parts.headers.get(header::HOST).and_then(|h| h.to_str().ok()).map(str::to_string));
+    // HTTP/2 carries the host in the URI, HTTP/1.1 in `Host` (whose value is shared, not copied).
+    let original_host = match parts.uri.authority() {
+        Some(authority) => HeaderValue::from_str(authority.as_str()).ok(),
+        None => parts.headers.get(header::HOST).cloned(),
+    };
     let path_and_query = upstream_path(&api.prefix, api.strip_prefix, &parts.uri)?;
     let mut headers = parts.headers;
     strip_hop_by_hop(&mut headers);
@@ -60,10 +57,10 @@ pub(super) async fn forward(
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         headers.insert(header::UPGRADE, protocol.clone());
     }
-    add_forwarding_headers(&mut headers, client_ip, original_host.as_deref(), options, parts.version);
+    add_forwarding_headers(&mut headers, peer, original_host.as_ref(), options, parts.version);
     let http2 = api.upstream.http2();
     if api.preserve_host {
-        if let Some(host) = original_host.as_deref().and_then(|h| HeaderValue::from_str(h).ok()) {
+        if let Some(host) = original_host {
             headers.insert(header::HOST, host);
         }
     } else {
@@ -84,9 +81,9 @@ pub(super) async fn forward(
     let mut attempt = 0;
     loop {
         let target = pool
-            .pick(Some(client_ip), &headers)
+            .pick(Some(peer.ip), &headers)
             .ok_or_else(|| ProxyError::NoHealthyTarget { upstream: pool.name.clone() })?;
-        exchange.upstream_target = Some(target.url.clone());
+        exchange.upstream_target = Some(target.clone());
         let in_flight = InFlight::new(target.clone());
         let uri = Uri::builder()
             .scheme(target.scheme.clone())
@@ -107,7 +104,7 @@ pub(super) async fn forward(
         let may_retry = idempotent && replayable && attempt < api.retries;
         *outgoing.headers_mut() = if may_retry { headers.clone() } else { std::mem::take(&mut headers) };
         if !api.preserve_host && !http2 {
-            outgoing.headers_mut().insert(header::HOST, authority_value(&target)?);
+            outgoing.headers_mut().insert(header::HOST, target.host_header.clone());
         }
 
         match tokio::time::timeout(api.request_timeout, api.client.request(outgoing)).await {
@@ -208,6 +205,11 @@ fn upgrade_protocol(headers: &HeaderMap) -> Option<HeaderValue> {
 }
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages carry none of these: one pass over the few names present
+    // is cheaper than hashing all nine into the map to remove nothing.
+    if !headers.keys().any(|name| HOP_BY_HOP.contains(name) || name == header::UPGRADE) {
+        return;
+    }
     // Headers named in Connection are hop-by-hop too, by the sender's say-so.
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
@@ -227,44 +229,42 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 
 fn add_forwarding_headers(
     headers: &mut HeaderMap,
-    client_ip: IpAddr,
-    host: Option<&str>,
+    peer: &Peer,
+    host: Option<&HeaderValue>,
     options: &ProxyOptions,
     version: Version,
 ) {
     // Append, not replace: earlier proxies' entries stay for whoever trusts them.
     let forwarded_for = match headers.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        Some(existing) if !existing.trim().is_empty() => format!("{existing}, {client_ip}"),
-        _ => client_ip.to_string(),
+        Some(existing) if !existing.trim().is_empty() => {
+            HeaderValue::from_str(&format!("{existing}, {}", peer.ip)).ok()
+        }
+        _ => Some(peer.forwarded_for.clone()),
     };
-    if let Ok(value) = HeaderValue::from_str(&forwarded_for) {
+    if let Some(value) = forwarded_for {
         headers.insert(X_FORWARDED_FOR, value);
     }
     headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(options.scheme));
-    if let Some(value) = host.and_then(|h| HeaderValue::from_str(h).ok()) {
-        headers.insert(X_FORWARDED_HOST, value);
+    if let Some(value) = host {
+        headers.insert(X_FORWARDED_HOST, value.clone());
     }
     append_via(headers, version);
 }
 
 fn append_via(headers: &mut HeaderMap, version: Version) {
-    let protocol = match version {
-        Version::HTTP_10 => "1.0",
-        Version::HTTP_2 => "2",
-        Version::HTTP_3 => "3",
-        _ => "1.1",
+    let (protocol, alone) = match version {
+        Version::HTTP_10 => ("1.0", HeaderValue::from_static("1.0 sluice")),
+        Version::HTTP_2 => ("2", HeaderValue::from_static("2 sluice")),
+        Version::HTTP_3 => ("3", HeaderValue::from_static("3 sluice")),
+        _ => ("1.1", HeaderValue::from_static("1.1 sluice")),
     };
     let via = match headers.get(header::VIA).and_then(|v| v.to_str().ok()) {
-        Some(existing) => format!("{existing}, {protocol} sluice"),
-        None => format!("{protocol} sluice"),
+        Some(existing) => HeaderValue::from_str(&format!("{existing}, {protocol} sluice")).ok(),
+        None => Some(alone),
     };
-    if let Ok(value) = HeaderValue::from_str(&via) {
+    if let Some(value) = via {
         headers.insert(header::VIA, value);
     }
-}
-
-fn authority_value(target: &Arc<Target>) -> Result<HeaderValue, ProxyError> {
-    HeaderValue::from_str(target.authority.as_str()).map_err(|e| ProxyError::Internal(format!("bad authority: {e}")))
 }
 
 /// hyper's top-level errors say little ("client error (Connect)"); the cause is in the chain.
@@ -309,7 +309,9 @@ mod tests {
         h.insert(X_FORWARDED_FOR, HeaderValue::from_static("1.2.3.4"));
         h.insert(header::VIA, HeaderValue::from_static("1.1 edge"));
         let options = ProxyOptions::default();
-        add_forwarding_headers(&mut h, "10.0.0.9".parse().unwrap(), Some("shop.example"), &options, Version::HTTP_11);
+        let peer = Peer::new("10.0.0.9".parse().unwrap());
+        let host = HeaderValue::from_static("shop.example");
+        add_forwarding_headers(&mut h, &peer, Some(&host), &options, Version::HTTP_11);
         assert_eq!(h[X_FORWARDED_FOR], "1.2.3.4, 10.0.0.9");
         assert_eq!(h[X_FORWARDED_PROTO], "http");
         assert_eq!(h[X_FORWARDED_HOST], "shop.example");

@@ -10,23 +10,25 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::StatusCode;
+use http::{Method, StatusCode, Uri};
 use http_body::{Body, Frame, SizeHint};
 use serde::Serialize;
 
-use crate::routing::RoutingTable;
-use crate::upstream::{InFlight, ProxyBody};
+use super::metrics::UNROUTED;
+use crate::routing::{CompiledApi, RoutingTable};
+use crate::upstream::{InFlight, ProxyBody, Target};
 
-/// What is known about a request by the time its response starts.
+/// What is known about a request by the time its response starts. Built on
+/// every request: its fields are cheap clones (reference counts), never copies.
 #[derive(Debug)]
 pub struct Exchange {
     pub started: Instant,
-    pub method: String,
-    /// Path only: a query string may carry secrets (API keys) that must not reach the log.
-    pub path: String,
-    pub api: Option<String>,
-    pub upstream_target: Option<String>,
-    pub consumer: Option<String>,
+    pub method: Method,
+    /// Only its path is logged: a query string may carry secrets (API keys).
+    pub uri: Uri,
+    pub api: Option<Arc<CompiledApi>>,
+    pub upstream_target: Option<Arc<Target>>,
+    pub consumer: Option<Arc<str>>,
     pub status: StatusCode,
     pub access_log: bool,
     /// Keeps the target's in-flight count up until the response body ends.
@@ -103,51 +105,25 @@ impl Drop for LoggedBody {
 
 fn report(exchange: &Exchange, bytes: u64) {
     let elapsed = exchange.started.elapsed();
-    let api = exchange.api.clone().unwrap_or_else(|| "-".to_string());
-    let status_class = match exchange.status.as_u16() {
-        100..=199 => "1xx",
-        200..=299 => "2xx",
-        300..=399 => "3xx",
-        400..=499 => "4xx",
-        _ => "5xx",
-    };
-    let method = method_label(&exchange.method);
-    metrics::counter!("sluice_requests_total", "api" => api.clone(), "method" => method, "status_class" => status_class)
-        .increment(1);
-    metrics::histogram!("sluice_request_duration_seconds", "api" => api).record(elapsed.as_secs_f64());
+    let metrics = exchange.api.as_ref().map_or(&*UNROUTED, |api| &api.metrics);
+    metrics.record(&exchange.method, exchange.status, elapsed);
     if !exchange.access_log {
         return;
     }
     let line = Line {
         time: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-        api: exchange.api.as_deref(),
-        method: &exchange.method,
-        path: &exchange.path,
+        api: exchange.api.as_ref().map(|api| api.name.as_str()),
+        method: exchange.method.as_str(),
+        path: exchange.uri.path(),
         status: exchange.status.as_u16(),
         bytes,
         duration_ms: (elapsed.as_secs_f64() * 1e6).round() / 1e3,
-        upstream: exchange.upstream_target.as_deref(),
+        upstream: exchange.upstream_target.as_ref().map(|target| target.url.as_str()),
         consumer: exchange.consumer.as_deref(),
     };
     if let Ok(mut text) = serde_json::to_vec(&line) {
         text.push(b'\n');
         // One write per line keeps lines whole when requests finish concurrently.
         let _ = std::io::stdout().lock().write_all(&text);
-    }
-}
-
-/// Unknown methods share one label so a client cannot blow up metric cardinality.
-fn method_label(method: &str) -> &'static str {
-    match method {
-        "GET" => "GET",
-        "HEAD" => "HEAD",
-        "POST" => "POST",
-        "PUT" => "PUT",
-        "PATCH" => "PATCH",
-        "DELETE" => "DELETE",
-        "OPTIONS" => "OPTIONS",
-        "CONNECT" => "CONNECT",
-        "TRACE" => "TRACE",
-        _ => "OTHER",
     }
 }
