@@ -127,7 +127,8 @@ impl BasicAuth {
 /// against. Keyed by HMAC under a per-process random key, so the map holds
 /// nothing an attacker could test guesses against if memory leaked.
 pub struct LoginCache {
-    key: [u8; 32],
+    /// Keyed once: cloning the keyed state skips hashing the key's pads per request.
+    mac: Hmac<Sha256>,
     entries: RwLock<HashMap<[u8; 32], Arc<str>>>,
     verifying: Semaphore,
 }
@@ -142,14 +143,15 @@ impl std::fmt::Debug for LoginCache {
 impl LoginCache {
     fn new() -> Self {
         let parallelism = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
-        LoginCache { key: rand::random(), entries: RwLock::default(), verifying: Semaphore::new(parallelism) }
-    }
-
-    fn digest(&self, credentials: &[u8]) -> [u8; 32] {
-        let mut mac = match Hmac::<Sha256>::new_from_slice(&self.key) {
+        let mac = match Hmac::<Sha256>::new_from_slice(&rand::random::<[u8; 32]>()) {
             Ok(mac) => mac,
             Err(_) => unreachable!("HMAC takes keys of any length"),
         };
+        LoginCache { mac, entries: RwLock::default(), verifying: Semaphore::new(parallelism) }
+    }
+
+    fn digest(&self, credentials: &[u8]) -> [u8; 32] {
+        let mut mac = self.mac.clone();
         mac.update(credentials);
         mac.finalize().into_bytes().into()
     }
