@@ -3,6 +3,7 @@
 //! ports, talking over real sockets, gRPC and SQLite.
 
 mod cluster;
+mod jwks;
 mod resilience;
 mod standalone;
 mod streaming;
