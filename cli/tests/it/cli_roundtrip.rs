@@ -4,13 +4,13 @@
 //! the earlier version (the export matches again), and `-o json` for every
 //! command a script would parse.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, Result, ensure};
 use serde_json::Value;
 use tokio::process::Command;
 
-use crate::support::{ADMIN_TOKEN, binary, eventually, standalone, upstream};
+use crate::support::{ADMIN_TOKEN, binary, design_example, eventually, standalone, upstream};
 
 struct Cli {
     admin_url: String,
@@ -42,36 +42,6 @@ impl Cli {
     }
 }
 
-/// DESIGN.md's example config, with the upstream and spec paths of this test.
-fn design_example(dir: &Path, backend: &str) -> Result<PathBuf> {
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/fruitshop-v2-2-0.oas.yml");
-    std::fs::copy(&fixture, dir.join("fruitshop-v2-2-0.oas.yml")).context("the fruitshop fixture")?;
-    let config = format!(
-        r#"upstreams:
-  - name: shop-backend
-    targets: [{{ url: "http://{backend}" }}]
-    balance: round_robin
-specs:
-  - name: fruitshop
-    file: fruitshop-v2-2-0.oas.yml
-consumers:
-  - username: loadtest
-    basic_auth: {{ password: "secret" }}
-apis:
-  - name: shop
-    path_prefix: /shop/v2
-    upstream: shop-backend
-    openapi: {{ spec: fruitshop, validate_requests: true }}
-    policies:
-      - basic_auth: {{}}
-      - rate_limit: {{ requests: 2000000, per: 1h, key: consumer }}
-"#
-    );
-    let path = dir.join("config.yaml");
-    std::fs::write(&path, config)?;
-    Ok(path)
-}
-
 fn path_str(path: &Path) -> Result<&str> {
     path.to_str().context("temp path")
 }
@@ -85,7 +55,7 @@ async fn export_apply_edit_dry_run_apply_rollback() -> Result<()> {
     let (_backend, backend) = upstream("backend", "127.0.0.1:0").await?;
 
     // Apply the example; the JSON answer says what changed.
-    let example = design_example(dir.path(), &backend.to_string())?;
+    let example = design_example(dir.path(), &backend.to_string(), 2_000_000)?;
     let applied = cli.json(&["apply", "-f", path_str(&example)?]).await?;
     ensure!(applied["changed"] == true && applied["diff"]["apis"]["added"] == serde_json::json!(["shop"]), "{applied}");
     let v1 = cli.latest_version().await?;

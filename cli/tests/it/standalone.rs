@@ -1,12 +1,10 @@
 //! `sluice standalone` on a fresh directory, driven by the `sluice` CLI the way
 //! DESIGN.md's example config describes: apply, traffic, export, re-apply.
 
-use std::path::Path;
-
 use anyhow::{Context, Result, ensure};
 use tokio::process::Command;
 
-use crate::support::{ADMIN_TOKEN, binary, eventually, standalone, upstream};
+use crate::support::{ADMIN_TOKEN, binary, design_example, eventually, standalone, upstream};
 
 async fn cli(admin_url: &str, args: &[&str]) -> Result<(bool, String, String)> {
     let output = Command::new(binary("sluice"))
@@ -19,35 +17,6 @@ async fn cli(admin_url: &str, args: &[&str]) -> Result<(bool, String, String)> {
     Ok((output.status.success(), text(&output.stdout), text(&output.stderr)))
 }
 
-fn write_config(dir: &Path, upstream: &str, rate: u64) -> Result<std::path::PathBuf> {
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/fruitshop-v2-2-0.oas.yml");
-    let config = format!(
-        r#"upstreams:
-  - name: shop-backend
-    targets: [{{ url: "http://{upstream}" }}]
-    balance: round_robin
-specs:
-  - name: fruitshop
-    file: {fixture}
-consumers:
-  - username: loadtest
-    basic_auth: {{ password: "secret" }}
-apis:
-  - name: shop
-    path_prefix: /shop/v2
-    upstream: shop-backend
-    openapi: {{ spec: fruitshop, validate_requests: true }}
-    policies:
-      - basic_auth: {{}}
-      - rate_limit: {{ requests: {rate}, per: 1h, key: consumer }}
-"#,
-        fixture = fixture.display()
-    );
-    let path = dir.join("config.yaml");
-    std::fs::write(&path, config)?;
-    Ok(path)
-}
-
 #[tokio::test]
 async fn standalone_serves_what_the_cli_applies() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -55,7 +24,7 @@ async fn standalone_serves_what_the_cli_applies() -> Result<()> {
     let admin_url = server.first_line["admin_url"].as_str().context("admin_url")?.to_string();
     let proxy_url = server.first_line["proxy_url"].as_str().context("proxy_url")?.to_string();
     let (_backend, backend) = upstream("backend", "127.0.0.1:0").await?;
-    let config = write_config(dir.path(), &backend.to_string(), 2_000_000)?;
+    let config = design_example(dir.path(), &backend.to_string(), 2_000_000)?;
 
     let (ok, out, err) = cli(&admin_url, &["apply", "-f", config.to_str().context("path")?]).await?;
     ensure!(ok && out.contains("+ apis/shop") && out.contains("applied"), "apply: {out}{err}");
@@ -90,7 +59,7 @@ async fn standalone_serves_what_the_cli_applies() -> Result<()> {
     ensure!(ok && out.contains("no changes"), "re-apply: {out}{err}");
 
     // A dry run of an edit shows the diff and changes nothing.
-    let edited = write_config(dir.path(), &backend.to_string(), 1_000)?;
+    let edited = design_example(dir.path(), &backend.to_string(), 1_000)?;
     let (ok, out, err) = cli(&admin_url, &["apply", "--dry-run", "-f", edited.to_str().context("path")?]).await?;
     ensure!(ok && out.contains("~ apis/shop") && out.contains("dry run"), "dry run: {out}{err}");
 

@@ -2,7 +2,7 @@
 //! and kills them when the test ends.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -90,6 +90,37 @@ fn collect(reader: impl AsyncRead + Unpin + Send + 'static) -> Arc<Mutex<String>
         }
     });
     buffer
+}
+
+/// DESIGN.md's example config in `dir/config.yaml` (the Fruitshop spec copied
+/// beside it), proxying to `backend` with a per-consumer limit of `rate` an hour.
+pub fn design_example(dir: &Path, backend: &str, rate: u64) -> Result<PathBuf> {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/fruitshop-v2-2-0.oas.yml");
+    std::fs::copy(&fixture, dir.join("fruitshop-v2-2-0.oas.yml")).context("the fruitshop fixture")?;
+    let config = format!(
+        r#"upstreams:
+  - name: shop-backend
+    targets: [{{ url: "http://{backend}" }}]
+    balance: round_robin
+specs:
+  - name: fruitshop
+    file: fruitshop-v2-2-0.oas.yml
+consumers:
+  - username: loadtest
+    basic_auth: {{ password: "secret" }}
+apis:
+  - name: shop
+    path_prefix: /shop/v2
+    upstream: shop-backend
+    openapi: {{ spec: fruitshop, validate_requests: true }}
+    policies:
+      - basic_auth: {{}}
+      - rate_limit: {{ requests: {rate}, per: 1h, key: consumer }}
+"#
+    );
+    let path = dir.join("config.yaml");
+    std::fs::write(&path, config)?;
+    Ok(path)
 }
 
 /// A `sluice-test-upstream`, optionally on a fixed port (to bring one back).
