@@ -69,7 +69,11 @@ impl Default for SyncOptions {
             stale_after: Duration::from_secs(30),
             purge_after: Duration::from_secs(60 * 60),
             sweep_interval: Duration::from_secs(10),
-            coalesce_delay: Duration::from_millis(50),
+            // Short enough that a write made right after the previous one
+            // (an operator's script, one call at a time) is still served
+            // within tens of milliseconds; long enough to fold a tight loop
+            // of writes into a few pushes.
+            coalesce_delay: Duration::from_millis(20),
             coalesce_max_delay: Duration::from_millis(250),
             // A 10,000-API snapshot with specs is tens of MiB.
             max_message_size: 64 * 1024 * 1024,

@@ -19,7 +19,7 @@ pub use matcher::RouteMiss;
 use crate::policy::{PolicyChain, PolicyContext};
 use crate::proxy::RequestMetrics;
 use crate::tls::{CertificateError, CertificateSet};
-use crate::upstream::{UpstreamClient, UpstreamPool};
+use crate::upstream::UpstreamPool;
 
 /// Used when an API leaves its timeouts at 0.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -54,8 +54,8 @@ pub struct CompiledApi {
     pub strip_prefix: bool,
     pub preserve_host: bool,
     pub upstream: Arc<UpstreamPool>,
-    /// The pooled client for this API's connect timeout.
-    pub client: UpstreamClient,
+    /// Time allowed to open a connection to a target.
+    pub connect_timeout: Duration,
     /// Time allowed until the upstream's response headers arrive.
     pub request_timeout: Duration,
     pub retries: u32,
@@ -130,13 +130,12 @@ pub fn compile(
             .get(&api.upstream)
             .cloned()
             .ok_or_else(|| CompileError::MissingUpstream { api: api.name.clone(), upstream: api.upstream.clone() })?;
-        let connect_timeout = millis_or(api.connect_timeout_ms, DEFAULT_CONNECT_TIMEOUT);
         apis.push(Arc::new(CompiledApi {
             name: api.name.clone(),
             prefix: api.path_prefix.trim_end_matches('/').to_string(),
             strip_prefix: api.strip_prefix,
             preserve_host: api.preserve_host,
-            client: upstream.client(connect_timeout),
+            connect_timeout: millis_or(api.connect_timeout_ms, DEFAULT_CONNECT_TIMEOUT),
             upstream,
             request_timeout: millis_or(api.request_timeout_ms, DEFAULT_REQUEST_TIMEOUT),
             retries: api.retries,

@@ -5,28 +5,27 @@
 //! routing table as is, so a swap resets no counter and drops no connection.
 
 mod balance;
+mod connections;
 mod health;
 
-use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::HeaderValue;
 use http::uri::{Authority, Scheme};
+use http::{HeaderValue, Request, Response, Uri};
 use http_body_util::combinators::BoxBody;
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use metrics::Gauge;
 use sluice_proto::v1;
 
 use crate::tls::{CertificateSet, UpstreamTls};
 
 pub use balance::{Balancer, HashOn, PickContext, hash64};
+pub use connections::SendError;
+use connections::{Connections, Dialer};
 
 /// Body type on both legs of the proxy: a boxed stream, never buffered.
 pub type ProxyBody = BoxBody<Bytes, hyper::Error>;
@@ -37,13 +36,6 @@ pub type ProxyBody = BoxBody<Bytes, hyper::Error>;
 pub type RequestBody = BoxBody<Bytes, BoxError>;
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// Pooled client to the targets of one upstream.
-/// `http://` targets go straight to TCP, `https://` through the pool's TLS settings.
-pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, RequestBody>;
-
-/// How long an idle pooled connection is kept: below the common 60-120 s
-/// server keep-alive limits would be safer, but upstreams here are our own.
-const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 const DEFAULT_EJECTION: Duration = Duration::from_secs(30);
 
 /// Retry budget: every request deposits `DEPOSIT`, a retry withdraws `COST`;
@@ -61,6 +53,8 @@ pub struct Target {
     pub url: String,
     pub scheme: Scheme,
     pub authority: Authority,
+    /// `scheme://authority/`, what the connector dials.
+    origin: Uri,
     /// The `Host` header for this target, built once.
     pub host_header: HeaderValue,
     pub weight: u32,
@@ -71,6 +65,8 @@ pub struct Target {
     /// Milliseconds since [`epoch`] until which the target is ejected; 0 when not ejected.
     ejected_until_ms: AtomicU64,
     in_flight: AtomicUsize,
+    /// Open connections, idle or in use.
+    connections: Connections,
     /// Registered once: the request path only stores into them.
     healthy_gauge: Gauge,
     in_flight_gauge: Gauge,
@@ -161,21 +157,23 @@ pub struct UpstreamPool {
     spec: v1::Upstream,
     targets: Vec<Arc<Target>>,
     balancer: Balancer,
-    /// One client per connect timeout in use: the connect timeout is a
-    /// connector setting, and APIs sharing an upstream may set different ones.
-    clients: Mutex<HashMap<Duration, UpstreamClient>>,
+    /// Opens connections to the targets; `http://` ones go straight to TCP,
+    /// `https://` ones through the pool's TLS settings.
+    dialer: Dialer,
     /// TLS settings for `https://` targets (unused when there are none).
     tls: UpstreamTls,
     /// (consecutive failures, ejection time); `None` disables passive ejection.
     passive: Option<(u32, Duration)>,
     retry_budget: AtomicI64,
     health_task: Option<tokio::task::AbortHandle>,
+    idle_sweep_task: Option<tokio::task::AbortHandle>,
 }
 
 impl Drop for UpstreamPool {
     fn drop(&mut self) {
         // The last table using this pool is gone: stop probing its targets.
-        if let Some(task) = &self.health_task {
+        // Its idle connections close as the targets drop.
+        for task in [&self.health_task, &self.idle_sweep_task].into_iter().flatten() {
             task.abort();
         }
     }
@@ -210,6 +208,12 @@ impl UpstreamPool {
                 return Err(format!("target `{}`: only http:// and https:// targets are supported", t.url));
             }
             let authority = uri.authority().cloned().ok_or_else(|| format!("target `{}` has no host", t.url))?;
+            let origin = Uri::builder()
+                .scheme(scheme.clone())
+                .authority(authority.clone())
+                .path_and_query("/")
+                .build()
+                .map_err(|e| format!("target `{}`: {e}", t.url))?;
             let url = t.url.trim_end_matches('/').to_string();
             let labels = [("upstream", spec.name.clone()), ("target", url.clone())];
             targets.push(Arc::new(Target {
@@ -220,12 +224,14 @@ impl UpstreamPool {
                 url,
                 scheme,
                 authority,
+                origin,
                 weight: t.weight.max(1),
                 upstream: spec.name.clone(),
                 active_healthy: AtomicBool::new(true),
                 consecutive_failures: AtomicU32::new(0),
                 ejected_until_ms: AtomicU64::new(0),
                 in_flight: AtomicUsize::new(0),
+                connections: Connections::default(),
             }));
         }
         let any_https = targets.iter().any(|t| t.scheme == Scheme::HTTPS);
@@ -246,16 +252,21 @@ impl UpstreamPool {
             .as_ref()
             .filter(|c| !c.path.is_empty())
             .and_then(|check| health::spawn(spec.name.clone(), check.clone(), targets.clone(), &tls, spec.http2));
+        let mut tcp = HttpConnector::new();
+        tcp.set_nodelay(true);
+        let dialer = Dialer::new(tls.connector(tcp, spec.http2), spec.http2);
+        let idle_sweep_task = connections::spawn_idle_sweep(targets.iter().map(Arc::downgrade).collect());
         Ok(Arc::new(UpstreamPool {
             name: spec.name.clone(),
             spec: spec.clone(),
             targets,
             balancer,
-            clients: Mutex::new(HashMap::new()),
+            dialer,
             tls,
             passive,
             retry_budget: AtomicI64::new(BUDGET_INITIAL),
             health_task,
+            idle_sweep_task,
         }))
     }
 
@@ -268,14 +279,16 @@ impl UpstreamPool {
         &self.targets
     }
 
-    /// Returns the pooled client for a connect timeout, creating it once.
-    /// Called at compile time, so the hot path never takes this lock.
-    pub fn client(&self, connect_timeout: Duration) -> UpstreamClient {
-        let mut clients = self.clients.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        clients
-            .entry(connect_timeout)
-            .or_insert_with(|| build_client(connect_timeout, self.spec.http2, &self.tls))
-            .clone()
+    /// Sends a request to one of this pool's targets, on a kept-open
+    /// connection when there is one. The URI is origin-form for HTTP/1.1
+    /// (with a `Host` header), absolute for HTTP/2.
+    pub async fn send(
+        &self,
+        target: &Arc<Target>,
+        request: Request<RequestBody>,
+        connect_timeout: Duration,
+    ) -> Result<Response<ProxyBody>, SendError> {
+        self.dialer.send(target, request, connect_timeout).await
     }
 
     /// Picks a target for a request; `None` when no target is available.
@@ -317,19 +330,6 @@ impl UpstreamPool {
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| (b >= BUDGET_COST).then_some(b - BUDGET_COST))
             .is_ok()
     }
-}
-
-fn build_client(connect_timeout: Duration, http2: bool, tls: &UpstreamTls) -> UpstreamClient {
-    let mut tcp = HttpConnector::new();
-    tcp.set_connect_timeout(Some(connect_timeout));
-    tcp.set_nodelay(true);
-    let connector = tls.connector(tcp, http2);
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-        .pool_timer(TokioTimer::new())
-        .timer(TokioTimer::new())
-        .http2_only(http2)
-        .build(connector)
 }
 
 /// Milliseconds since the first call; a monotonic clock that fits in an atomic.

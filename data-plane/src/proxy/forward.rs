@@ -8,14 +8,13 @@ use http::uri::PathAndQuery;
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body as _;
 use http_body_util::{BodyExt, Empty};
-use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
 use super::error::ProxyError;
 use super::log::Exchange;
 use super::{Peer, ProxyOptions};
 use crate::routing::CompiledApi;
-use crate::upstream::{InFlight, ProxyBody, RequestBody};
+use crate::upstream::{InFlight, ProxyBody, RequestBody, SendError};
 
 /// Headers that describe one hop, never the end-to-end message (RFC 9110 §7.6.1).
 const HOP_BY_HOP: [HeaderName; 8] = [
@@ -85,12 +84,17 @@ pub(super) async fn forward(
             .ok_or_else(|| ProxyError::NoHealthyTarget { upstream: pool.name.clone() })?;
         exchange.upstream_target = Some(target.clone());
         let in_flight = InFlight::new(target.clone());
-        let uri = Uri::builder()
-            .scheme(target.scheme.clone())
-            .authority(target.authority.clone())
-            .path_and_query(path_and_query.clone())
-            .build()
-            .map_err(|e| ProxyError::Internal(format!("cannot build upstream URI: {e}")))?;
+        // HTTP/2 names the target in the URI, HTTP/1.1 in `Host` (origin-form URI).
+        let uri = if http2 {
+            Uri::builder()
+                .scheme(target.scheme.clone())
+                .authority(target.authority.clone())
+                .path_and_query(path_and_query.clone())
+                .build()
+                .map_err(|e| ProxyError::Internal(format!("cannot build upstream URI: {e}")))?
+        } else {
+            Uri::from(path_and_query.clone())
+        };
         let outgoing_body = match body.take() {
             Some(incoming) if !replayable => incoming,
             _ => Empty::new().map_err(|never| match never {}).boxed(),
@@ -103,11 +107,11 @@ pub(super) async fn forward(
         // headers; the usual single attempt hands them over without a copy.
         let may_retry = idempotent && replayable && attempt < api.retries;
         *outgoing.headers_mut() = if may_retry { headers.clone() } else { std::mem::take(&mut headers) };
-        if !api.preserve_host && !http2 {
+        if !http2 && (!api.preserve_host || !outgoing.headers().contains_key(header::HOST)) {
             outgoing.headers_mut().insert(header::HOST, target.host_header.clone());
         }
 
-        match tokio::time::timeout(api.request_timeout, api.client.request(outgoing)).await {
+        match tokio::time::timeout(api.request_timeout, pool.send(&target, outgoing, api.connect_timeout)).await {
             Ok(Ok(response)) => {
                 if matches!(
                     response.status(),
@@ -119,18 +123,18 @@ pub(super) async fn forward(
                 }
                 return Ok(finish_response(response, client_upgrade, in_flight, exchange));
             }
-            Ok(Err(e)) if e.is_connect() => {
+            Ok(Err(SendError::Connect(reason))) => {
                 pool.record_failure(&target);
                 if may_retry && pool.withdraw_retry() {
                     attempt += 1;
                     tracing::debug!(upstream = %pool.name, target = %target.url, attempt, "connect failed; retrying");
                     continue;
                 }
-                return Err(ProxyError::Connect { target: target.url.clone(), reason: error_chain(&e) });
+                return Err(ProxyError::Connect { target: target.url.clone(), reason });
             }
-            Ok(Err(e)) => {
+            Ok(Err(e @ SendError::Exchange(_))) => {
                 pool.record_failure(&target);
-                return Err(ProxyError::Upstream { target: target.url.clone(), reason: error_chain(&e) });
+                return Err(ProxyError::Upstream { target: target.url.clone(), reason: e.to_string() });
             }
             Err(_) => {
                 pool.record_failure(&target);
@@ -144,7 +148,7 @@ pub(super) async fn forward(
 }
 
 fn finish_response(
-    mut response: Response<Incoming>,
+    mut response: Response<ProxyBody>,
     client_upgrade: Option<hyper::upgrade::OnUpgrade>,
     in_flight: InFlight,
     exchange: &mut Exchange,
@@ -179,7 +183,7 @@ fn finish_response(
     }
     let version = response.version();
     append_via(response.headers_mut(), version);
-    response.map(|body| body.boxed())
+    response
 }
 
 /// The upstream path: the client's path and query, minus the API prefix when `strip_prefix` is set.
@@ -265,18 +269,6 @@ fn append_via(headers: &mut HeaderMap, version: Version) {
     if let Some(value) = via {
         headers.insert(header::VIA, value);
     }
-}
-
-/// hyper's top-level errors say little ("client error (Connect)"); the cause is in the chain.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

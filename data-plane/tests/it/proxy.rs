@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -416,4 +417,90 @@ async fn upgrade_is_tunnelled_and_shutdown_is_graceful() -> Result<()> {
     assert_eq!(status, 200);
     assert!(TcpStream::connect(addr).await.is_err(), "listener closed after shutdown");
     Ok(())
+}
+
+/// An upstream that counts the connections it accepted and can close every
+/// open one at once, the way a server's keep-alive timeout closes idle ones.
+struct CountingUpstream {
+    addr: SocketAddr,
+    accepted: Arc<AtomicUsize>,
+    close_all: tokio::sync::watch::Sender<u64>,
+    task: JoinHandle<()>,
+}
+
+impl CountingUpstream {
+    async fn start() -> Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let (close_all, closing) = tokio::sync::watch::channel(0u64);
+        let counter = accepted.clone();
+        let task = tokio::spawn(async move {
+            let mut connections = JoinSet::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                counter.fetch_add(1, Ordering::SeqCst);
+                let mut closing = closing.clone();
+                closing.mark_unchanged();
+                connections.spawn(async move {
+                    let service = service_fn(move |req| echo("counting", req));
+                    let connection =
+                        hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+                    tokio::select! {
+                        _ = connection => {}
+                        _ = closing.changed() => {}
+                    }
+                });
+            }
+        });
+        Ok(CountingUpstream { addr, accepted, close_all, task })
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for CountingUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[tokio::test]
+async fn upstream_connections_are_reused_and_ones_closed_by_the_upstream_replaced() -> Result<()> {
+    let up = CountingUpstream::start().await?;
+    let target = v1::Target { url: format!("http://{}", up.addr), weight: 1 };
+    let u = v1::Upstream { name: "u".into(), targets: vec![target], ..Default::default() };
+    let proxy = Proxy::start(&snapshot(1, vec![api("a", "/", "u")], vec![u])).await?;
+    let c = client()?;
+
+    // One request after another: one upstream connection carries them all,
+    // bodies both ways included.
+    for i in 0..20 {
+        let (status, _, body) = send(c.post(proxy.url(&format!("/seq/{i}"))).body(format!("body {i}"))).await?;
+        assert_eq!((status, body["path"].as_str()), (200, Some(format!("/seq/{i}").as_str())));
+    }
+    assert_eq!(up.accepted(), 1, "sequential requests must reuse the upstream connection");
+
+    // Concurrent requests need more connections, but never more than requests.
+    let mut concurrent = JoinSet::new();
+    for i in 0..10 {
+        concurrent.spawn(send(c.get(proxy.url(&format!("/par/{i}")))));
+    }
+    while let Some(result) = concurrent.join_next().await {
+        assert_eq!(result??.0, 200);
+    }
+    let after_burst = up.accepted();
+    assert!((1..=11).contains(&after_burst), "{after_burst} connections for 10 concurrent requests");
+
+    // The upstream closes every idle connection: the next requests go out on
+    // new connections instead of failing on the closed ones.
+    up.close_all.send_modify(|generation| *generation += 1);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for i in 0..5 {
+        let (status, _, _) = send(c.get(proxy.url(&format!("/after-close/{i}")))).await?;
+        assert_eq!(status, 200, "request {i} after the upstream closed its connections");
+    }
+    assert_eq!(up.accepted(), after_burst + 1, "one new connection serves the requests that follow");
+    proxy.shutdown().await
 }
