@@ -9,9 +9,16 @@ use sluice_data_plane::app::App;
 use sluice_data_plane::settings::Settings;
 use tracing_subscriber::EnvFilter;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let settings = Settings::parse();
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if settings.worker_threads > 0 {
+        runtime.worker_threads(settings.worker_threads);
+    }
+    runtime.enable_all().build().context("starting the async runtime")?.block_on(run(settings))
+}
+
+async fn run(settings: Settings) -> anyhow::Result<()> {
     if settings.check_ready {
         // A probe's failure is an answer, not a crash: one line, exit 1.
         if let Err(e) = check_ready(&settings).await {

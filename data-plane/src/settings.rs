@@ -84,6 +84,11 @@ pub struct Settings {
     #[arg(long, env = "SLUICE_SHUTDOWN_GRACE_SECS", default_value_t = 30)]
     pub shutdown_grace_secs: u64,
 
+    /// Threads serving traffic; 0 (the default) means one per CPU core the
+    /// process may use. Fewer leave cores to other processes on the host.
+    #[arg(long, env = "SLUICE_WORKER_THREADS", default_value_t = 0)]
+    pub worker_threads: usize,
+
     /// Do not start: ask the `/readyz` of the data plane already running with
     /// these settings (its `--ops-addr`) and exit 0 if it is ready, 1 if not.
     /// A container healthcheck that needs no curl in the image.
@@ -107,6 +112,7 @@ impl Settings {
             trusted_proxies: Vec::new(),
             heartbeat_ms: 5_000,
             shutdown_grace_secs: 30,
+            worker_threads: 0,
             check_ready: false,
         }
     }

@@ -3,7 +3,7 @@
 //! target, sends with timeout and bounded retries, and prepares the response
 //! (including the tunnel of an upgraded connection such as a WebSocket).
 
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, Entry, HeaderMap, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body as _;
@@ -239,14 +239,22 @@ fn add_forwarding_headers(
     version: Version,
 ) {
     // Append, not replace: earlier proxies' entries stay for whoever trusts them.
-    let forwarded_for = match headers.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        Some(existing) if !existing.trim().is_empty() => {
-            HeaderValue::from_str(&format!("{existing}, {}", peer.ip)).ok()
+    // One `entry` per header: a single hash of the name, present or not.
+    match headers.entry(X_FORWARDED_FOR) {
+        Entry::Vacant(entry) => {
+            entry.insert(peer.forwarded_for.clone());
         }
-        _ => Some(peer.forwarded_for.clone()),
-    };
-    if let Some(value) = forwarded_for {
-        headers.insert(X_FORWARDED_FOR, value);
+        Entry::Occupied(mut entry) => {
+            let appended = match entry.get().to_str() {
+                Ok(existing) if !existing.trim().is_empty() => {
+                    HeaderValue::from_str(&format!("{existing}, {}", peer.ip)).ok()
+                }
+                _ => Some(peer.forwarded_for.clone()),
+            };
+            if let Some(value) = appended {
+                entry.insert(value);
+            }
+        }
     }
     headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(options.scheme));
     if let Some(value) = host {
@@ -262,12 +270,20 @@ fn append_via(headers: &mut HeaderMap, version: Version) {
         Version::HTTP_3 => ("3", HeaderValue::from_static("3 sluice")),
         _ => ("1.1", HeaderValue::from_static("1.1 sluice")),
     };
-    let via = match headers.get(header::VIA).and_then(|v| v.to_str().ok()) {
-        Some(existing) => HeaderValue::from_str(&format!("{existing}, {protocol} sluice")).ok(),
-        None => Some(alone),
-    };
-    if let Some(value) = via {
-        headers.insert(header::VIA, value);
+    match headers.entry(header::VIA) {
+        Entry::Vacant(entry) => {
+            entry.insert(alone);
+        }
+        Entry::Occupied(mut entry) => {
+            let appended = entry
+                .get()
+                .to_str()
+                .ok()
+                .and_then(|existing| HeaderValue::from_str(&format!("{existing}, {protocol} sluice")).ok());
+            if let Some(value) = appended {
+                entry.insert(value);
+            }
+        }
     }
 }
 

@@ -186,16 +186,22 @@ impl Matcher {
                 first_miss = Some(miss);
             }
         };
-        if let Some(host) = host.map(strip_port).filter(|h| !h.is_empty()) {
-            let host = host.to_ascii_lowercase();
-            if let Some(level) = self.exact.get(&host) {
+        let routes_by_host = !self.exact.is_empty() || !self.wildcard.is_empty();
+        if let Some(host) = host.map(strip_port).filter(|h| routes_by_host && !h.is_empty()) {
+            // Hosts arrive lowercase almost always: copy only when one does not.
+            let host: std::borrow::Cow<'_, str> = if host.bytes().any(|b| b.is_ascii_uppercase()) {
+                host.to_ascii_lowercase().into()
+            } else {
+                host.into()
+            };
+            if let Some(level) = self.exact.get(host.as_ref()) {
                 match level.lookup(path, method) {
                     Ok(api) => return Ok(api),
                     Err(miss) => note(miss),
                 }
             }
             if !self.wildcard.is_empty() {
-                let mut rest = host.as_str();
+                let mut rest = host.as_ref();
                 while let Some((_, suffix)) = rest.split_once('.') {
                     if let Some(level) = self.wildcard.get(suffix) {
                         match level.lookup(path, method) {

@@ -147,7 +147,9 @@ impl Dialer {
         loop {
             let (mut sender, reused) = match target.connections.take_idle() {
                 Some(sender) => (sender, true),
-                None => (self.dial_h1(&target.origin, connect_timeout).await?, false),
+                // Boxed: the rare connect path would otherwise make every
+                // request's future kilobytes larger, copied at each move.
+                None => (Box::pin(self.dial_h1(&target.origin, connect_timeout)).await?, false),
             };
             if let Err(e) = sender.ready().await {
                 if reused {
@@ -175,7 +177,7 @@ impl Dialer {
                 match shared.as_ref().filter(|s| !s.is_closed()) {
                     Some(sender) => (sender.clone(), true),
                     None => {
-                        let sender = self.dial_h2(&target.origin, connect_timeout).await?;
+                        let sender = Box::pin(self.dial_h2(&target.origin, connect_timeout)).await?;
                         *shared = Some(sender.clone());
                         (sender, false)
                     }
