@@ -3,11 +3,11 @@
 //! claim, `iss` by default), or, when it names no consumer key, against the
 //! API's JWKS document (by `kid`, or its only key). Decoding keys and
 //! validation rules are built once per snapshot; a request costs one
-//! signature check.
+//! signature check, or a map lookup when the same token verified recently.
 
 use std::collections::HashMap;
 use std::str::FromStr as _;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use http::HeaderValue;
 use jsonwebtoken::errors::ErrorKind;
@@ -54,6 +54,70 @@ pub struct JwtAuth {
     jwks: Vec<IssuerKey>,
     consumer_claim: String,
     challenge: HeaderValue,
+    leeway: u64,
+    recently_verified: VerifiedTokens,
+}
+
+/// Tokens that verified recently. Clients send the same token until it
+/// expires, and verifying it again (base64, two JSON parses, the signature:
+/// about two thirds of a proxied request's instructions for HS256) gives the
+/// same answer, except for its time window, which is checked on every hit.
+/// Keyed by the whole token, so only identical bytes hit. It lives in the
+/// compiled policy: a new snapshot (keys, issuer, audiences) starts empty.
+#[derive(Default)]
+struct VerifiedTokens {
+    entries: Mutex<HashMap<Box<str>, VerifiedToken>>,
+}
+
+struct VerifiedToken {
+    verified: Verified,
+    expires: i64,
+    not_before: Option<i64>,
+}
+
+/// Bounds the cache's memory (tokens are a few hundred bytes); when full it
+/// is emptied, the cheapest eviction that keeps it bounded.
+const VERIFIED_TOKENS_MAX: usize = 1_024;
+
+// Tokens are bearer secrets: never print them.
+impl std::fmt::Debug for VerifiedTokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let len = self.entries.lock().map(|e| e.len()).unwrap_or_default();
+        f.debug_struct("VerifiedTokens").field("len", &len).finish()
+    }
+}
+
+impl VerifiedTokens {
+    /// The cached answer while `now` is inside the token's window (with the
+    /// same leeway as a full check); outside it the entry goes and the caller
+    /// verifies in full, which names the reason.
+    fn get(&self, token: &str, now: i64, leeway: i64) -> Option<Verified> {
+        let mut entries = self.entries.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let entry = entries.get(token)?;
+        let in_window = entry.expires >= now - leeway && entry.not_before.is_none_or(|nbf| nbf <= now + leeway);
+        if in_window {
+            return Some(entry.verified.clone());
+        }
+        entries.remove(token);
+        None
+    }
+
+    fn insert(&self, token: &str, verified: &Verified, claims: &serde_json::Value) {
+        // `exp` is required, so a verified token has one; a non-integer one is just not cached.
+        let Some(expires) = claims.get("exp").and_then(serde_json::Value::as_i64) else { return };
+        let not_before = match claims.get("nbf") {
+            None => None,
+            Some(nbf) => match nbf.as_i64() {
+                Some(nbf) => Some(nbf),
+                None => return,
+            },
+        };
+        let mut entries = self.entries.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if entries.len() >= VERIFIED_TOKENS_MAX {
+            entries.clear();
+        }
+        entries.insert(token.into(), VerifiedToken { verified: verified.clone(), expires, not_before });
+    }
 }
 
 /// Why a token was refused; the text goes to the client (no secrets in it).
@@ -113,7 +177,15 @@ impl JwtAuth {
         let jwks = if spec.jwks.trim().is_empty() { Vec::new() } else { issuer_keys(spec, &accepted)? };
         let consumer_claim =
             if spec.consumer_claim.is_empty() { "sub".to_string() } else { spec.consumer_claim.clone() };
-        Ok(JwtAuth { key_claim, keys, jwks, consumer_claim, challenge })
+        Ok(JwtAuth {
+            key_claim,
+            keys,
+            jwks,
+            consumer_claim,
+            challenge,
+            leeway: spec.leeway_seconds,
+            recently_verified: VerifiedTokens::default(),
+        })
     }
 
     pub fn challenge(&self) -> &HeaderValue {
@@ -130,6 +202,18 @@ impl JwtAuth {
     /// The consumer the token names: a configured consumer when one of its keys
     /// verified the token, else (see [`Self::verify_with_jwks`]) a claim's value.
     pub fn verify(&self, token: &str) -> Result<Verified, JwtRejection> {
+        let now = i64::try_from(jsonwebtoken::get_current_timestamp()).unwrap_or(i64::MAX);
+        let leeway = i64::try_from(self.leeway).unwrap_or(i64::MAX);
+        if let Some(verified) = self.recently_verified.get(token, now, leeway) {
+            return Ok(verified);
+        }
+        let (verified, claims) = self.verify_in_full(token)?;
+        self.recently_verified.insert(token, &verified, &claims);
+        Ok(verified)
+    }
+
+    /// [`Self::verify`] without the cache; also returns the verified claims.
+    fn verify_in_full(&self, token: &str) -> Result<(Verified, serde_json::Value), JwtRejection> {
         // `alg: none` and unknown algorithms fail here: jsonwebtoken's
         // Algorithm has no `none`, so such a header does not parse.
         let header = jsonwebtoken::decode_header(token).map_err(|_| JwtRejection::Malformed)?;
@@ -152,7 +236,7 @@ impl JwtAuth {
             }
         };
         jsonwebtoken::decode::<serde_json::Value>(token, &key.key, &key.validation)
-            .map(|_| Verified::Consumer(key.consumer.clone()))
+            .map(|data| (Verified::Consumer(key.consumer.clone()), data.claims))
             .map_err(|e| rejection(&e))
     }
 
@@ -161,7 +245,7 @@ impl JwtAuth {
     /// consumer is whatever the verified `consumer_claim` says. Configuring
     /// every subject as a consumer would defeat the point of delegating
     /// identity to the issuer.
-    fn verify_with_jwks(&self, token: &str, kid: Option<&str>) -> Result<Verified, JwtRejection> {
+    fn verify_with_jwks(&self, token: &str, kid: Option<&str>) -> Result<(Verified, serde_json::Value), JwtRejection> {
         let key = match kid {
             Some(kid) => self.jwks.iter().find(|k| k.kid.as_deref() == Some(kid)),
             // Without a `kid` only a one-key set is unambiguous.
@@ -173,12 +257,14 @@ impl JwtAuth {
         let key = key.ok_or_else(|| JwtRejection::UnknownKey(self.key_claim.clone()))?;
         let data =
             jsonwebtoken::decode::<serde_json::Value>(token, &key.key, &key.validation).map_err(|e| rejection(&e))?;
-        data.claims
+        let subject = data
+            .claims
             .get(&self.consumer_claim)
             .and_then(serde_json::Value::as_str)
             .filter(|consumer| !consumer.is_empty())
             .map(|subject| Verified::Subject(Arc::from(subject)))
-            .ok_or_else(|| JwtRejection::NoConsumer(self.consumer_claim.clone()))
+            .ok_or_else(|| JwtRejection::NoConsumer(self.consumer_claim.clone()))?;
+        Ok((subject, data.claims))
     }
 }
 
@@ -350,6 +436,50 @@ mod tests {
         let mut header = Header::new(alg);
         header.kid = kid.map(str::to_string);
         encode(&header, claims, key).unwrap()
+    }
+
+    #[test]
+    fn verified_tokens_are_reused_only_inside_their_window() {
+        let consumers = vec![v1::Consumer {
+            username: "ann".into(),
+            jwt_credentials: vec![credential("ann-iss", "HS256", "ann-secret", "")],
+            ..Default::default()
+        }];
+        let auth = JwtAuth::compile(&v1::JwtAuth::default(), "shop", &consumers).unwrap();
+        let hs = EncodingKey::from_secret(b"ann-secret").unwrap();
+        let ann = Verified::Consumer("ann".into());
+        let t = now();
+        let token = sign(Algorithm::HS256, None, &json!({"iss": "ann-iss", "exp": t + 60, "nbf": t - 10}), &hs);
+        assert_eq!(auth.verify(&token), Ok(ann.clone()));
+        let cache = &auth.recently_verified;
+        assert_eq!(cache.get(&token, t, 0), Some(ann.clone()), "a verified token is remembered");
+        assert_eq!(cache.get(&token, t + 60, 0), Some(ann.clone()));
+        assert_eq!(cache.get(&token, t + 61, 0), None, "not past its exp");
+        assert_eq!(cache.get(&token, t, 0), None, "an entry out of its window is dropped");
+
+        assert_eq!(auth.verify(&token), Ok(ann.clone()));
+        assert_eq!(cache.get(&token, t - 11, 0), None, "not before its nbf");
+        assert_eq!(auth.verify(&token), Ok(ann.clone()));
+        assert_eq!(cache.get(&token, t + 61, 5), Some(ann.clone()), "the leeway applies as in a full check");
+
+        // Only the identical token hits: another signature is checked in full.
+        let mut forged = token.clone().into_bytes();
+        let i = forged.len() - 10;
+        forged[i] = if forged[i] == b'A' { b'B' } else { b'A' };
+        let forged = String::from_utf8(forged).unwrap();
+        assert_eq!(auth.verify(&forged), Err(JwtRejection::Signature));
+
+        // A token not yet valid is refused, and never cached.
+        let early = sign(Algorithm::HS256, None, &json!({"iss": "ann-iss", "exp": t + 60, "nbf": t + 30}), &hs);
+        assert_eq!(auth.verify(&early), Err(JwtRejection::NotYetValid));
+        assert_eq!(cache.get(&early, t + 40, 0), None);
+
+        // Bounded: a flood of distinct tokens does not grow it past the limit.
+        for n in 0..VERIFIED_TOKENS_MAX + 10 {
+            cache.insert(&format!("token-{n}"), &ann, &json!({"exp": t + 60}));
+        }
+        assert!(cache.entries.lock().unwrap().len() <= VERIFIED_TOKENS_MAX);
+        assert!(!format!("{auth:?}").contains("token-"), "tokens never appear in Debug output");
     }
 
     #[test]
