@@ -11,14 +11,14 @@ use reqwest::Method;
 use serde_json::json;
 
 use crate::pg::with_fresh_database;
-use crate::support::{ADMIN_TOKEN, Admin, CLUSTER_TOKEN, Process, data_plane, eventually, served_by, upstream};
+use crate::support::{ADMIN_TOKEN, Admin, CLUSTER_TOKEN, Process, data_plane, eventually, served_by, spawn, upstream};
 
 /// Every replica must share this key: each one seals and opens the same
 /// JWT secrets and private keys in the shared database.
 const SECRET_KEY: &str = "5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e";
 
 async fn replica(database_url: &str) -> Result<Process> {
-    Process::spawn(
+    spawn(
         "sluice-cp",
         &[
             "--database-url",

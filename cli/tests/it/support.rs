@@ -3,16 +3,12 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
-use tokio::process::{Child, Command};
 
-pub const WAIT: Duration = Duration::from_secs(20);
+pub use sluice_testkit::{Process, WAIT, rss_kib};
 pub const ADMIN_TOKEN: &str = "e2e-admin-token";
 pub const CLUSTER_TOKEN: &str = "e2e-cluster-token";
 
@@ -21,75 +17,9 @@ pub fn binary(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_sluice")).with_file_name(name)
 }
 
-pub struct Process {
-    pub child: Child,
-    pub first_line: Value,
-}
-
-impl Process {
-    pub async fn spawn(name: &str, args: &[&str]) -> Result<Self> {
-        let program = binary(name);
-        let mut child = Command::new(&program)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("spawning {} (build the workspace first)", program.display()))?;
-        let stderr = collect(child.stderr.take().context("stderr")?);
-        let mut stdout = BufReader::new(child.stdout.take().context("stdout")?);
-        let mut line = String::new();
-        let read = tokio::time::timeout(WAIT, stdout.read_line(&mut line)).await;
-        if !matches!(read, Ok(Ok(n)) if n > 0) {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            bail!("{name} printed no address line; stderr:\n{}", stderr.lock().map(|s| s.clone()).unwrap_or_default());
-        }
-        let first_line = serde_json::from_str(line.trim()).with_context(|| format!("not JSON: {line:?}"))?;
-        collect(stdout);
-        Ok(Self { child, first_line })
-    }
-
-    pub fn addr(&self, key: &str) -> Result<SocketAddr> {
-        self.first_line[key]
-            .as_str()
-            .with_context(|| format!("no {key} in {}", self.first_line))?
-            .parse()
-            .context("address")
-    }
-
-    pub async fn kill(&mut self) -> Result<()> {
-        self.child.kill().await.context("kill")
-    }
-
-    pub fn pid(&self) -> Result<u32> {
-        self.child.id().context("the process has exited")
-    }
-}
-
-/// Resident memory of a live process in KiB, from `VmRSS` in `/proc/PID/status`.
-pub fn rss_kib(pid: u32) -> Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).context("reading /proc status")?;
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-        .context("no VmRSS line")
-}
-
-fn collect(reader: impl AsyncRead + Unpin + Send + 'static) -> Arc<Mutex<String>> {
-    let buffer = Arc::new(Mutex::new(String::new()));
-    let sink = buffer.clone();
-    tokio::spawn(async move {
-        let mut lines = BufReader::new(reader).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            if let Ok(mut buffer) = sink.lock() {
-                buffer.push_str(&line);
-                buffer.push('\n');
-            }
-        }
-    });
-    buffer
+/// Starts one of the workspace's binaries by name.
+pub async fn spawn(name: &str, args: &[&str]) -> Result<Process> {
+    Process::spawn(binary(name), args, &[]).await
 }
 
 /// DESIGN.md's example config in `dir/config.yaml` (the Fruitshop spec copied
@@ -125,7 +55,7 @@ apis:
 
 /// A `sluice-test-upstream`, optionally on a fixed port (to bring one back).
 pub async fn upstream(name: &str, addr: &str) -> Result<(Process, SocketAddr)> {
-    let process = Process::spawn("sluice-test-upstream", &["--addr", addr, "--name", name]).await?;
+    let process = spawn("sluice-test-upstream", &["--addr", addr, "--name", name]).await?;
     let addr = process.addr("addr")?;
     Ok((process, addr))
 }
@@ -140,7 +70,7 @@ pub async fn control_plane_on(dir: &std::path::Path, grpc_addr: &str) -> Result<
     let db = format!("sqlite://{}", dir.join("sluice.db").display());
     let key = dir.join("secret.key");
     let key = key.to_str().context("temp path")?;
-    Process::spawn(
+    spawn(
         "sluice-cp",
         &[
             "--database-url",
@@ -164,7 +94,7 @@ pub async fn control_plane_on(dir: &std::path::Path, grpc_addr: &str) -> Result<
 pub async fn standalone(dir: &std::path::Path) -> Result<Process> {
     let db = format!("sqlite://{}", dir.join("sluice.db").display());
     let key = dir.join("secret.key").display().to_string();
-    Process::spawn(
+    spawn(
         "sluice",
         &[
             "standalone",
@@ -214,7 +144,7 @@ pub async fn data_plane_with(grpc: SocketAddr, node_id: &str, extra: &[&str]) ->
         "off",
     ];
     args.extend_from_slice(extra);
-    Process::spawn("sluice-dp", &args).await
+    spawn("sluice-dp", &args).await
 }
 
 /// The admin API with the test token.

@@ -1,110 +1,17 @@
-//! Process helpers shared by the integration tests: start the real binaries on
-//! ephemeral ports, read the address line they print, keep their logs.
+//! The data plane's binaries in integration tests, on ephemeral ports: the
+//! process handling itself is `sluice-testkit`, shared with the CLI's tests.
 
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
-use std::process::Stdio;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
-use tokio::process::{Child, Command};
 
-pub const WAIT: Duration = Duration::from_secs(20);
+pub use sluice_testkit::{Process, WAIT};
 
-/// A running binary whose stdout (after the address line) and stderr are
-/// collected, so a test can assert on logs and a failing test can print them.
-pub struct Process {
-    pub child: Child,
-    pub first_line: Value,
-    stdout: Arc<Mutex<String>>,
-    stderr: Arc<Mutex<String>>,
-}
-
-impl Process {
-    pub async fn spawn(program: &str, args: &[&str]) -> Result<Self> {
-        let mut child = Command::new(program)
-            .args(args)
-            .env("RUST_LOG", "info,sluice_data_plane=debug")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("spawning {program}"))?;
-        let stderr = collect(child.stderr.take().context("stderr")?);
-        let mut stdout = BufReader::new(child.stdout.take().context("stdout")?);
-        let mut line = String::new();
-        let read = tokio::time::timeout(WAIT, stdout.read_line(&mut line)).await;
-        if !matches!(read, Ok(Ok(n)) if n > 0) {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            bail!(
-                "{program} printed no address line; stderr:\n{}",
-                stderr.lock().map(|s| s.clone()).unwrap_or_default()
-            );
-        }
-        let first_line: Value =
-            serde_json::from_str(line.trim()).with_context(|| format!("address line is not JSON: {line:?}"))?;
-        let stdout = collect(stdout);
-        Ok(Self { child, first_line, stdout, stderr })
-    }
-
-    pub fn addr(&self, key: &str) -> Result<SocketAddr> {
-        self.first_line[key]
-            .as_str()
-            .with_context(|| format!("no {key} in {}", self.first_line))?
-            .parse()
-            .context(key.to_owned())
-    }
-
-    pub fn stderr(&self) -> String {
-        self.stderr.lock().map(|s| s.clone()).unwrap_or_default()
-    }
-
-    pub fn stdout(&self) -> String {
-        self.stdout.lock().map(|s| s.clone()).unwrap_or_default()
-    }
-
-    /// Waits until the process logged a line containing `needle`.
-    pub async fn wait_for_log(&self, needle: &str) -> Result<()> {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        while tokio::time::Instant::now() < deadline {
-            if self.stderr().contains(needle) {
-                return Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        bail!("no log line containing {needle:?}; stderr:\n{}", self.stderr())
-    }
-
-    /// Sends SIGTERM, as an orchestrator would.
-    pub fn terminate(&self) -> Result<()> {
-        let pid = self.child.id().context("process already reaped")?;
-        let status = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status()?;
-        if !status.success() {
-            bail!("kill -TERM {pid} failed");
-        }
-        Ok(())
-    }
-}
-
-fn collect(reader: impl AsyncRead + Unpin + Send + 'static) -> Arc<Mutex<String>> {
-    let buffer = Arc::new(Mutex::new(String::new()));
-    let sink = buffer.clone();
-    tokio::spawn(async move {
-        let mut lines = BufReader::new(reader).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            if let Ok(mut buffer) = sink.lock() {
-                buffer.push_str(&line);
-                buffer.push('\n');
-            }
-        }
-    });
-    buffer
-}
+/// Data-plane tests read its debug logs.
+const LOG_LEVEL: (&str, &str) = ("RUST_LOG", "info,sluice_data_plane=debug");
 
 /// A `sluice-test-upstream` process.
 pub struct Upstream {
@@ -114,9 +21,12 @@ pub struct Upstream {
 
 impl Upstream {
     pub async fn start(name: &str) -> Result<Self> {
-        let process =
-            Process::spawn(env!("CARGO_BIN_EXE_sluice-test-upstream"), &["--addr", "127.0.0.1:0", "--name", name])
-                .await?;
+        let process = Process::spawn(
+            env!("CARGO_BIN_EXE_sluice-test-upstream"),
+            &["--addr", "127.0.0.1:0", "--name", name],
+            &[LOG_LEVEL],
+        )
+        .await?;
         let addr = process.addr("addr")?;
         Ok(Self { process, addr })
     }
@@ -154,7 +64,7 @@ impl DataPlane {
             "5",
         ];
         args.extend_from_slice(extra);
-        let process = Process::spawn(env!("CARGO_BIN_EXE_sluice-dp"), &args).await?;
+        let process = Process::spawn(env!("CARGO_BIN_EXE_sluice-dp"), &args, &[LOG_LEVEL]).await?;
         let http_addr = process.addr("http_addr")?;
         let https_addr = process.addr("https_addr")?;
         let ops_addr = process.addr("ops_addr")?;
