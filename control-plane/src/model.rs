@@ -75,7 +75,8 @@ pub struct Api {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>, example = "60s")]
     pub request_timeout: Option<HumanDuration>,
-    /// Retries of idempotent requests when connecting to a target fails.
+    /// Retries of idempotent requests without a body when connecting to a
+    /// target fails or the connection closes before a response begins.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(maximum = 10)]
     pub retries: Option<u32>,

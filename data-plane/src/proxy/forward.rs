@@ -132,9 +132,19 @@ pub(super) async fn forward(
                 }
                 return Err(ProxyError::Connect { target: target.url.clone(), reason });
             }
-            Ok(Err(e @ SendError::Exchange(_))) => {
+            Ok(Err(SendError::Exchange(e))) => {
                 pool.record_failure(&target);
-                return Err(ProxyError::Upstream { target: target.url.clone(), reason: e.to_string() });
+                // Closed or reset before a response began (a kept-open
+                // connection the target dropped, a crash): like nginx's
+                // `proxy_next_upstream error`, a request that may be sent
+                // again goes again. A response that does not parse does not.
+                if !e.is_parse() && may_retry && pool.withdraw_retry() {
+                    attempt += 1;
+                    tracing::debug!(upstream = %pool.name, target = %target.url, attempt, "no response; retrying");
+                    continue;
+                }
+                let reason = SendError::Exchange(e).to_string();
+                return Err(ProxyError::Upstream { target: target.url.clone(), reason });
             }
             Err(_) => {
                 pool.record_failure(&target);

@@ -504,3 +504,66 @@ async fn upstream_connections_are_reused_and_ones_closed_by_the_upstream_replace
     assert_eq!(up.accepted(), after_burst + 1, "one new connection serves the requests that follow");
     proxy.shutdown().await
 }
+
+/// An upstream that reads each request head and then, while `drops_left` is
+/// above zero, closes the connection without answering; otherwise it answers 200.
+async fn dropping_upstream(drops_left: Arc<AtomicUsize>) -> Result<(SocketAddr, JoinHandle<()>)> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let task = tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let drops_left = drops_left.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut chunk = [0u8; 1024];
+                loop {
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    head.clear();
+                    if drops_left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+                        return;
+                    }
+                    let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                    if stream.write_all(answer).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    Ok((addr, task))
+}
+
+#[tokio::test]
+async fn a_request_without_a_response_is_retried_only_when_it_may_be_sent_again() -> Result<()> {
+    let drops_left = Arc::new(AtomicUsize::new(0));
+    let (addr, upstream_task) = dropping_upstream(drops_left.clone()).await?;
+    let target = v1::Target { url: format!("http://{addr}"), weight: 1 };
+    let u = v1::Upstream { name: "u".into(), targets: vec![target], ..Default::default() };
+    let apis = vec![v1::Api { retries: 1, ..api("retry", "/retry", "u") }, api("once", "/once", "u")];
+    let proxy = Proxy::start(&snapshot(1, apis, vec![u])).await?;
+    let c = client()?;
+
+    // The target closes the connection instead of answering: a GET with
+    // retries allowed goes again and gets the answer.
+    drops_left.store(1, Ordering::SeqCst);
+    let response = c.get(proxy.url("/retry/x")).send().await?;
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.text().await?, "ok");
+    assert_eq!(drops_left.load(Ordering::SeqCst), 0, "the first attempt reached the target");
+
+    // Without retries it is a 502...
+    drops_left.store(1, Ordering::SeqCst);
+    assert_eq!(c.get(proxy.url("/once/x")).send().await?.status(), 502);
+    // ...and so is a request with a body, which is never sent twice.
+    drops_left.store(1, Ordering::SeqCst);
+    assert_eq!(c.post(proxy.url("/retry/x")).body("order #1").send().await?.status(), 502);
+    assert_eq!(drops_left.load(Ordering::SeqCst), 0);
+
+    upstream_task.abort();
+    proxy.shutdown().await
+}
