@@ -28,9 +28,13 @@ use tower_service::Service as _;
 
 use super::{ProxyBody, RequestBody, Target};
 
-/// How long an idle connection is kept: below the common 60-120 s server
-/// keep-alive limits would be safer, but upstreams here are our own.
+/// How long an idle connection is kept unless the target says less (see
+/// [`idle_limit`]).
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// Margin under a target's announced keep-alive timeout: a request must not
+/// race the target closing the connection.
+const KEEP_ALIVE_MARGIN: Duration = Duration::from_secs(1);
+const KEEP_ALIVE: http::HeaderName = http::HeaderName::from_static("keep-alive");
 
 type Stream = MaybeHttpsStream<TokioIo<TcpStream>>;
 
@@ -59,37 +63,41 @@ pub struct Connections {
 #[derive(Debug)]
 struct IdleConnection {
     sender: http1::SendRequest<RequestBody>,
-    since: Instant,
+    expires: Instant,
 }
 
 impl Connections {
     fn take_idle(&self) -> Option<http1::SendRequest<RequestBody>> {
         let mut idle = self.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let now = Instant::now();
         while let Some(connection) = idle.pop_back() {
-            if !connection.sender.is_closed() && connection.since.elapsed() < IDLE_TIMEOUT {
+            if !connection.sender.is_closed() && now < connection.expires {
                 return Some(connection.sender);
             }
         }
         None
     }
 
-    fn put_idle(&self, sender: http1::SendRequest<RequestBody>) {
-        if sender.is_closed() {
+    /// Keeps a connection for reuse for up to `keep_for`.
+    fn put_idle(&self, sender: http1::SendRequest<RequestBody>, keep_for: Duration) {
+        if sender.is_closed() || keep_for.is_zero() {
             return;
         }
+        let now = Instant::now();
         let mut idle = self.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        idle.push_back(IdleConnection { sender, since: Instant::now() });
+        idle.push_back(IdleConnection { sender, expires: now + keep_for });
         // The oldest sit at the front; trimming here bounds the stack without a timer.
-        while idle.front().is_some_and(|c| c.since.elapsed() >= IDLE_TIMEOUT) {
+        while idle.front().is_some_and(|c| c.expires <= now) {
             idle.pop_front();
         }
     }
 
-    /// Closes connections idle for longer than [`IDLE_TIMEOUT`] (dropping the
-    /// sender ends its connection task).
+    /// Closes connections past their idle time (dropping the sender ends its
+    /// connection task).
     fn close_expired(&self) {
+        let now = Instant::now();
         let mut idle = self.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        idle.retain(|c| !c.sender.is_closed() && c.since.elapsed() < IDLE_TIMEOUT);
+        idle.retain(|c| !c.sender.is_closed() && now < c.expires);
     }
 }
 
@@ -258,24 +266,42 @@ fn release_when_done(
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
         return response.map(|body| body.boxed());
     }
+    let keep_for = idle_limit(response.headers());
     if response.body().is_end_stream() {
-        target.connections.put_idle(sender);
+        target.connections.put_idle(sender, keep_for);
         return response.map(|body| body.boxed());
     }
     let target = target.clone();
-    response.map(|body| ReleaseAtEnd { body, held: Some((sender, target)) }.boxed())
+    response.map(|body| ReleaseAtEnd { body, held: Some((sender, target, keep_for)) }.boxed())
+}
+
+/// How long the connection may stay idle: [`IDLE_TIMEOUT`], or less when the
+/// target announces its own keep-alive timeout (`Keep-Alive: timeout=5`, as
+/// Node.js servers send) minus a margin, so a request never goes out on a
+/// connection the target is about to close.
+fn idle_limit(headers: &http::HeaderMap) -> Duration {
+    let announced = headers.get(KEEP_ALIVE).and_then(|value| value.to_str().ok()).and_then(|value| {
+        value.split(',').find_map(|param| {
+            let (name, seconds) = param.split_once('=')?;
+            name.trim().eq_ignore_ascii_case("timeout").then(|| seconds.trim().parse::<u64>().ok()).flatten()
+        })
+    });
+    match announced {
+        Some(seconds) => Duration::from_secs(seconds).saturating_sub(KEEP_ALIVE_MARGIN).min(IDLE_TIMEOUT),
+        None => IDLE_TIMEOUT,
+    }
 }
 
 /// A response body holding its connection until the last frame.
 struct ReleaseAtEnd {
     body: Incoming,
-    held: Option<(http1::SendRequest<RequestBody>, Arc<Target>)>,
+    held: Option<(http1::SendRequest<RequestBody>, Arc<Target>, Duration)>,
 }
 
 impl ReleaseAtEnd {
     fn release(&mut self) {
-        if let Some((sender, target)) = self.held.take() {
-            target.connections.put_idle(sender);
+        if let Some((sender, target, keep_for)) = self.held.take() {
+            target.connections.put_idle(sender, keep_for);
         }
     }
 }
@@ -316,4 +342,27 @@ pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
         source = cause.source();
     }
     text
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idle_limit_follows_the_targets_keep_alive_timeout() {
+        let limit = |value: Option<&str>| {
+            let mut headers = http::HeaderMap::new();
+            if let Some(value) = value {
+                headers.insert("keep-alive", http::HeaderValue::from_str(value).unwrap());
+            }
+            idle_limit(&headers)
+        };
+        assert_eq!(limit(None), IDLE_TIMEOUT);
+        assert_eq!(limit(Some("timeout=5")), Duration::from_secs(4));
+        assert_eq!(limit(Some("max=1000, Timeout = 30")), Duration::from_secs(29));
+        assert_eq!(limit(Some("timeout=1")), Duration::ZERO, "too short to reuse safely");
+        assert_eq!(limit(Some("timeout=600")), IDLE_TIMEOUT, "never longer than our own limit");
+        assert_eq!(limit(Some("timeout=soon")), IDLE_TIMEOUT);
+    }
 }

@@ -505,13 +505,20 @@ async fn upstream_connections_are_reused_and_ones_closed_by_the_upstream_replace
     proxy.shutdown().await
 }
 
-/// An upstream that reads each request head and then, while `drops_left` is
-/// above zero, closes the connection without answering; otherwise it answers 200.
-async fn dropping_upstream(drops_left: Arc<AtomicUsize>) -> Result<(SocketAddr, JoinHandle<()>)> {
+/// A raw HTTP/1.1 upstream that counts the connections it accepts and reads
+/// each request head; then, while `drops_left` is above zero, it closes the
+/// connection without answering, otherwise it sends `answer`.
+async fn raw_upstream(
+    drops_left: Arc<AtomicUsize>,
+    answer: &'static [u8],
+) -> Result<(SocketAddr, Arc<AtomicUsize>, JoinHandle<()>)> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counter = accepted.clone();
     let task = tokio::spawn(async move {
         while let Ok((mut stream, _)) = listener.accept().await {
+            counter.fetch_add(1, Ordering::SeqCst);
             let drops_left = drops_left.clone();
             tokio::spawn(async move {
                 let mut head = Vec::new();
@@ -527,7 +534,6 @@ async fn dropping_upstream(drops_left: Arc<AtomicUsize>) -> Result<(SocketAddr, 
                     if drops_left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
                         return;
                     }
-                    let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
                     if stream.write_all(answer).await.is_err() {
                         return;
                     }
@@ -535,13 +541,15 @@ async fn dropping_upstream(drops_left: Arc<AtomicUsize>) -> Result<(SocketAddr, 
             });
         }
     });
-    Ok((addr, task))
+    Ok((addr, accepted, task))
 }
+
+const OK: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
 
 #[tokio::test]
 async fn a_request_without_a_response_is_retried_only_when_it_may_be_sent_again() -> Result<()> {
     let drops_left = Arc::new(AtomicUsize::new(0));
-    let (addr, upstream_task) = dropping_upstream(drops_left.clone()).await?;
+    let (addr, _, upstream_task) = raw_upstream(drops_left.clone(), OK).await?;
     let target = v1::Target { url: format!("http://{addr}"), weight: 1 };
     let u = v1::Upstream { name: "u".into(), targets: vec![target], ..Default::default() };
     let apis = vec![v1::Api { retries: 1, ..api("retry", "/retry", "u") }, api("once", "/once", "u")];
@@ -563,6 +571,29 @@ async fn a_request_without_a_response_is_retried_only_when_it_may_be_sent_again(
     drops_left.store(1, Ordering::SeqCst);
     assert_eq!(c.post(proxy.url("/retry/x")).body("order #1").send().await?.status(), 502);
     assert_eq!(drops_left.load(Ordering::SeqCst), 0);
+
+    upstream_task.abort();
+    proxy.shutdown().await
+}
+
+#[tokio::test]
+async fn a_connection_is_not_reused_past_the_keep_alive_timeout_the_upstream_announces() -> Result<()> {
+    // Node.js servers announce `Keep-Alive: timeout=5` and close idle
+    // connections then; here 2 s, which the proxy takes as 1 s.
+    let answer = b"HTTP/1.1 200 OK\r\nkeep-alive: timeout=2\r\ncontent-length: 2\r\n\r\nok";
+    let (addr, accepted, upstream_task) = raw_upstream(Arc::new(AtomicUsize::new(0)), answer).await?;
+    let target = v1::Target { url: format!("http://{addr}"), weight: 1 };
+    let u = v1::Upstream { name: "u".into(), targets: vec![target], ..Default::default() };
+    let proxy = Proxy::start(&snapshot(1, vec![api("a", "/", "u")], vec![u])).await?;
+    let c = client()?;
+
+    for _ in 0..3 {
+        assert_eq!(c.get(proxy.url("/x")).send().await?.status(), 200);
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 1, "reused within the announced timeout");
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    assert_eq!(c.get(proxy.url("/x")).send().await?.status(), 200);
+    assert_eq!(accepted.load(Ordering::SeqCst), 2, "a new connection once the announced timeout is near");
 
     upstream_task.abort();
     proxy.shutdown().await
