@@ -105,12 +105,10 @@ impl VerifiedTokens {
     fn insert(&self, token: &str, verified: &Verified, claims: &serde_json::Value) {
         // `exp` is required, so a verified token has one; a non-integer one is just not cached.
         let Some(expires) = claims.get("exp").and_then(serde_json::Value::as_i64) else { return };
-        let not_before = match claims.get("nbf") {
+        let not_before = match claims.get("nbf").map(serde_json::Value::as_i64) {
             None => None,
-            Some(nbf) => match nbf.as_i64() {
-                Some(nbf) => Some(nbf),
-                None => return,
-            },
+            Some(Some(nbf)) => Some(nbf),
+            Some(None) => return,
         };
         let mut entries = self.entries.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if entries.len() >= VERIFIED_TOKENS_MAX {

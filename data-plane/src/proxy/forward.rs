@@ -123,28 +123,18 @@ pub(super) async fn forward(
                 }
                 return Ok(finish_response(response, client_upgrade, in_flight, exchange));
             }
-            Ok(Err(SendError::Connect(reason))) => {
+            Ok(Err(error)) => {
                 pool.record_failure(&target);
-                if may_retry && pool.withdraw_retry() {
+                if error.may_resend() && may_retry && pool.withdraw_retry() {
                     attempt += 1;
-                    tracing::debug!(upstream = %pool.name, target = %target.url, attempt, "connect failed; retrying");
+                    tracing::debug!(upstream = %pool.name, target = %target.url, attempt, %error, "no response; retrying");
                     continue;
                 }
-                return Err(ProxyError::Connect { target: target.url.clone(), reason });
-            }
-            Ok(Err(SendError::Exchange(e))) => {
-                pool.record_failure(&target);
-                // Closed or reset before a response began (a kept-open
-                // connection the target dropped, a crash): like nginx's
-                // `proxy_next_upstream error`, a request that may be sent
-                // again goes again. A response that does not parse does not.
-                if !e.is_parse() && may_retry && pool.withdraw_retry() {
-                    attempt += 1;
-                    tracing::debug!(upstream = %pool.name, target = %target.url, attempt, "no response; retrying");
-                    continue;
-                }
-                let reason = SendError::Exchange(e).to_string();
-                return Err(ProxyError::Upstream { target: target.url.clone(), reason });
+                let (target, reason) = (target.url.clone(), error.to_string());
+                return Err(match error {
+                    SendError::Connect(_) => ProxyError::Connect { target, reason },
+                    SendError::Exchange(_) => ProxyError::Upstream { target, reason },
+                });
             }
             Err(_) => {
                 pool.record_failure(&target);

@@ -49,6 +49,20 @@ pub enum SendError {
     Exchange(hyper::Error),
 }
 
+impl SendError {
+    /// Whether a request that can be sent again may go again: nothing was
+    /// sent, or the connection closed or reset before a response began (a
+    /// kept-open connection the target dropped, a crash), as nginx's
+    /// `proxy_next_upstream error` has it. A response that does not parse
+    /// is an answer, not a failure to get one.
+    pub fn may_resend(&self) -> bool {
+        match self {
+            SendError::Connect(_) => true,
+            SendError::Exchange(e) => !e.is_parse(),
+        }
+    }
+}
+
 /// The connections of one target.
 #[derive(Debug, Default)]
 pub struct Connections {
@@ -333,7 +347,7 @@ impl Body for ReleaseAtEnd {
 }
 
 /// hyper's top-level errors say little ("client error (Connect)"); the cause is in the chain.
-pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
