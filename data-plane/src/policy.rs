@@ -34,7 +34,7 @@ use cors::{Cors, CorsStep};
 use headers::HeaderPolicy;
 use ip_restriction::IpRestriction;
 use problem::full_body;
-use rate_limit::{RateDecision, RateKeyInput, RateLimitContext, RateLimiter};
+use rate_limit::{RateDecision, RateHeaders, RateKeyInput, RateLimitContext, RateLimiter};
 use size_limit::{BodyLimit, SizeLimit};
 
 /// Largest upstream response buffered for response validation; a bigger one
@@ -215,7 +215,11 @@ impl PolicyChain {
             // Response: validated as the upstream sent it, before the gateway's own changes.
             let mut response = self.validate_response(&method, instance, response).await?;
             self.rewrite_response(response.headers_mut());
-            replace_headers(response.headers_mut(), rate_headers);
+            // The gateway's RateLimit-* values replace any the upstream sent:
+            // the client must see the limit it is actually held to.
+            if let Some(rate_headers) = rate_headers {
+                rate_headers.write_to(response.headers_mut());
+            }
             Ok::<_, Stop>(response)
         }
         .await;
@@ -241,10 +245,10 @@ impl PolicyChain {
         consumer: Option<&str>,
         client_ip: IpAddr,
         headers: &HeaderMap,
-    ) -> Result<HeaderMap, Stop> {
-        let Some(limiter) = &self.rate_limit else { return Ok(HeaderMap::new()) };
+    ) -> Result<Option<RateHeaders>, Stop> {
+        let Some(limiter) = &self.rate_limit else { return Ok(None) };
         match limiter.check(&RateKeyInput { consumer, client_ip, headers }).await {
-            RateDecision::Allowed { headers } => Ok(headers),
+            RateDecision::Allowed { headers } => Ok(Some(headers)),
             RateDecision::Limited { response } => Err(Stop::Respond("rate_limit", response)),
         }
     }
@@ -317,24 +321,6 @@ impl PolicyChain {
             "status" => status.as_str().to_string()
         )
         .increment(1);
-    }
-}
-
-/// The gateway's `RateLimit-*` values replace any the upstream sent: the
-/// client must see the limit it is actually held to.
-fn replace_headers(target: &mut HeaderMap, from: HeaderMap) {
-    let mut last = None;
-    for (name, value) in from {
-        match (name, &last) {
-            (Some(name), _) => {
-                target.insert(&name, value);
-                last = Some(name);
-            }
-            (None, Some(name)) => {
-                target.append(name, value);
-            }
-            (None, None) => {}
-        }
     }
 }
 

@@ -85,8 +85,37 @@ pub struct RateKeyInput<'a> {
 /// The policy's verdict. `Allowed` carries the `RateLimit-*` headers to add to
 /// the upstream's response; `Limited` is the whole response to send instead.
 pub enum RateDecision {
-    Allowed { headers: HeaderMap },
+    Allowed { headers: RateHeaders },
     Limited { response: Response<ProxyBody> },
+}
+
+/// The `RateLimit-*` headers of an allowed request's response. Kept as
+/// values, not a `HeaderMap`, so the common case costs no map of its own.
+#[derive(Debug, Clone)]
+pub struct RateHeaders {
+    limit: HeaderValue,
+    policy: HeaderValue,
+    /// Unknown when Redis could not be asked (fail-open): then only the limit and policy are sent.
+    remaining_and_reset: Option<(u32, u64)>,
+}
+
+impl RateHeaders {
+    /// Sets the headers on a response, replacing any the upstream sent.
+    pub fn write_to(self, headers: &mut HeaderMap) {
+        headers.insert(RATELIMIT_LIMIT.clone(), self.limit);
+        if let Some((remaining, reset)) = self.remaining_and_reset {
+            headers.insert(RATELIMIT_REMAINING.clone(), HeaderValue::from(remaining));
+            headers.insert(RATELIMIT_RESET.clone(), HeaderValue::from(reset));
+        }
+        headers.insert(RATELIMIT_POLICY.clone(), self.policy);
+    }
+
+    /// The headers as a response would carry them.
+    pub fn to_header_map(&self) -> HeaderMap {
+        let mut headers = HeaderMap::with_capacity(4);
+        self.clone().write_to(&mut headers);
+        headers
+    }
 }
 
 /// Process-wide inputs of every rate limiter: Redis (if the data plane has
@@ -312,7 +341,9 @@ impl RateLimiter {
             }
         };
         match outcome {
-            Outcome::Allowed { remaining, reset } => RateDecision::Allowed { headers: self.headers(remaining, reset) },
+            Outcome::Allowed { remaining, reset } => {
+                RateDecision::Allowed { headers: self.headers(Some((remaining, reset))) }
+            }
             Outcome::Limited { retry_after, reset } => {
                 metrics::counter!("sluice_rate_limited_total", "api" => self.api.clone()).increment(1);
                 RateDecision::Limited { response: self.too_many_requests(retry_after, reset) }
@@ -328,13 +359,12 @@ impl RateLimiter {
         matches!(self.backend, Backend::Cluster { .. })
     }
 
-    fn headers(&self, remaining: u32, reset: Duration) -> HeaderMap {
-        let mut headers = HeaderMap::with_capacity(4);
-        headers.insert(RATELIMIT_LIMIT.clone(), self.limit_header.clone());
-        headers.insert(RATELIMIT_REMAINING.clone(), HeaderValue::from(remaining));
-        headers.insert(RATELIMIT_RESET.clone(), HeaderValue::from(ceil_secs(reset)));
-        headers.insert(RATELIMIT_POLICY.clone(), self.policy_header.clone());
-        headers
+    fn headers(&self, remaining_and_reset: Option<(u32, Duration)>) -> RateHeaders {
+        RateHeaders {
+            limit: self.limit_header.clone(),
+            policy: self.policy_header.clone(),
+            remaining_and_reset: remaining_and_reset.map(|(remaining, reset)| (remaining, ceil_secs(reset))),
+        }
     }
 
     fn too_many_requests(&self, retry_after: Duration, reset: Duration) -> Response<ProxyBody> {
@@ -348,7 +378,7 @@ impl RateLimiter {
         );
         let mut response = problem(StatusCode::TOO_MANY_REQUESTS, "rate-limited", "Too many requests", &detail);
         let headers = response.headers_mut();
-        headers.extend(self.headers(0, reset.max(retry_after)));
+        self.headers(Some((0, reset.max(retry_after)))).write_to(headers);
         headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_secs));
         response
     }
@@ -366,10 +396,7 @@ impl RateLimiter {
         if self.spec.fail_open {
             // Remaining and Reset are unknown; a made-up number would mislead
             // clients that pace themselves by it.
-            let mut headers = HeaderMap::with_capacity(2);
-            headers.insert(RATELIMIT_LIMIT.clone(), self.limit_header.clone());
-            headers.insert(RATELIMIT_POLICY.clone(), self.policy_header.clone());
-            return RateDecision::Allowed { headers };
+            return RateDecision::Allowed { headers: self.headers(None) };
         }
         let mut response = problem(
             StatusCode::SERVICE_UNAVAILABLE,

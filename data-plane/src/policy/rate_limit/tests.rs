@@ -26,9 +26,9 @@ fn header(headers: &HeaderMap, name: &HeaderName) -> u64 {
     headers.get(name).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).expect("numeric header")
 }
 
-fn remaining(decision: &RateDecision) -> Option<u64> {
+fn remaining(decision: RateDecision) -> Option<u64> {
     match decision {
-        RateDecision::Allowed { headers } => Some(header(headers, &RATELIMIT_REMAINING)),
+        RateDecision::Allowed { headers } => Some(header(&headers.to_header_map(), &RATELIMIT_REMAINING)),
         RateDecision::Limited { .. } => None,
     }
 }
@@ -90,7 +90,7 @@ async fn an_unchanged_spec_keeps_the_limiter_and_its_buckets() {
     let raised = spec(3, 60, v1::RateLimitKey::Ip);
     let changed = RateLimiter::compile(&raised, "shop", Some(&toggled), &ctx).unwrap();
     assert!(!Arc::ptr_eq(&toggled, &changed));
-    assert_eq!(remaining(&check(&changed, "192.0.2.1", &headers).await), Some(2));
+    assert_eq!(remaining(check(&changed, "192.0.2.1", &headers).await), Some(2));
 
     // Another API never inherits a limiter, even with the same spec.
     let other = RateLimiter::compile(&raised, "billing", Some(&changed), &ctx).unwrap();
@@ -105,6 +105,7 @@ async fn five_per_minute_then_429_with_headers() {
     for expected in (0..5).rev() {
         match check(&limiter, "192.0.2.1", &headers).await {
             RateDecision::Allowed { headers } => {
+                let headers = headers.to_header_map();
                 assert_eq!(header(&headers, &RATELIMIT_LIMIT), 5);
                 assert_eq!(header(&headers, &RATELIMIT_REMAINING), expected);
                 // One 12 s interval per spent request until the bucket is full.
@@ -133,7 +134,7 @@ async fn five_per_minute_then_429_with_headers() {
     assert!(body["detail"].as_str().unwrap().contains("5 requests per minute"));
 
     // Buckets are per key: another client is untouched.
-    assert_eq!(remaining(&check(&limiter, "192.0.2.2", &headers).await), Some(4));
+    assert_eq!(remaining(check(&limiter, "192.0.2.2", &headers).await), Some(4));
 }
 
 #[tokio::test]
