@@ -107,7 +107,11 @@ impl App {
             sync,
             sync_state,
             metrics,
-            proxy_options: ProxyOptions { access_log: settings.access_log.is_on(), ..ProxyOptions::default() },
+            proxy_options: ProxyOptions {
+                access_log: settings.access_log.is_on(),
+                idle_timeout: settings.client_idle_timeout(),
+                ..ProxyOptions::default()
+            },
             shutdown_grace: settings.shutdown_grace(),
         })
     }

@@ -7,6 +7,7 @@
 
 mod error;
 mod forward;
+mod idle;
 mod log;
 mod metrics;
 
@@ -31,6 +32,7 @@ pub use log::LoggedBody;
 pub use metrics::RequestMetrics;
 
 use crate::routing::{CompiledApi, RouteMiss, RoutingTable, TableStore};
+use idle::{ActiveRequest, ConnectionActivity};
 use log::Exchange;
 
 /// Settings of the proxy listener (from the data plane's settings).
@@ -40,17 +42,26 @@ pub struct ProxyOptions {
     pub access_log: bool,
     /// Sent upstream in `X-Forwarded-Proto`: the scheme this listener serves.
     pub scheme: &'static str,
+    /// A client connection with no request in flight for this long is closed
+    /// (this also bounds how long a client may take to send a request head).
+    pub idle_timeout: Duration,
 }
+
+/// How long an idle client connection is kept open unless configured.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl Default for ProxyOptions {
     fn default() -> Self {
-        ProxyOptions { access_log: true, scheme: "http" }
+        ProxyOptions { access_log: true, scheme: "http", idle_timeout: DEFAULT_IDLE_TIMEOUT }
     }
 }
 
 /// Back-off after a failed accept (e.g. out of file descriptors), so the loop
 /// does not spin while the condition lasts.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
+
+/// How long an idle connection asked to close may take before it is dropped.
+const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 /// A client that connects and never finishes its handshake must not hold a
 /// task and a socket forever.
@@ -98,7 +109,9 @@ async fn serve_listener(
 ) -> std::io::Result<()> {
     let shared = Arc::new(Shared { tables, options });
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).keep_alive(true);
+    // Idle connections and slow request heads are closed by `idle` with one
+    // timer per connection, instead of hyper's timer per request.
+    builder.http1().timer(TokioTimer::new()).keep_alive(true).header_read_timeout(None);
     builder.http2().timer(TokioTimer::new());
     let builder = Arc::new(builder);
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -165,13 +178,38 @@ async fn serve_connection<S>(
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let client = Peer::new(peer.ip().to_canonical());
-    let service = service_fn(move |request| handle(request, shared.clone(), client.clone()));
+    let activity = ConnectionActivity::new();
+    let idle_timeout = shared.options.idle_timeout;
+    let service = {
+        let activity = activity.clone();
+        service_fn(move |request| handle(request, shared.clone(), client.clone(), activity.begin()))
+    };
     let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
     tokio::pin!(connection);
     tokio::select! {
         result = connection.as_mut() => {
             if let Err(e) = result {
                 debug!(%peer, error = %e, "client connection ended with an error");
+            }
+        }
+        () = activity.idle_for(idle_timeout) => {
+            debug!(%peer, "closing an idle client connection");
+            // An idle keep-alive connection closes at once (HTTP/2: after a
+            // GOAWAY). One stuck in the middle of a request head would wait
+            // for the rest; it has had its time, so it is dropped after a
+            // short grace unless a request got in meanwhile, which is finished.
+            connection.as_mut().graceful_shutdown();
+            tokio::select! {
+                result = connection.as_mut() => {
+                    if let Err(e) = result {
+                        debug!(%peer, error = %e, "idle client connection ended with an error while closing");
+                    }
+                }
+                () = tokio::time::sleep(IDLE_CLOSE_GRACE) => {
+                    if activity.in_flight() > 0 {
+                        let _ = connection.await;
+                    }
+                }
             }
         }
         // The guard `wait_for` returns is not Send: drop it inside this future.
@@ -203,8 +241,10 @@ async fn handle(
     request: Request<Incoming>,
     shared: Arc<Shared>,
     peer: Peer,
+    active: ActiveRequest,
 ) -> Result<Response<LoggedBody>, Infallible> {
     let mut exchange = Exchange {
+        active,
         started: Instant::now(),
         method: request.method().clone(),
         uri: request.uri().clone(),

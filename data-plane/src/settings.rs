@@ -84,6 +84,12 @@ pub struct Settings {
     #[arg(long, env = "SLUICE_SHUTDOWN_GRACE_SECS", default_value_t = 30)]
     pub shutdown_grace_secs: u64,
 
+    /// Seconds a client connection may stay open with no request in flight
+    /// (kept alive between requests, or sending its request head) before
+    /// the data plane closes it.
+    #[arg(long, env = "SLUICE_CLIENT_IDLE_TIMEOUT_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub client_idle_timeout_secs: u64,
+
     /// Threads serving traffic; 0 (the default) means one per CPU core the
     /// process may use. Fewer leave cores to other processes on the host.
     #[arg(long, env = "SLUICE_WORKER_THREADS", default_value_t = 0)]
@@ -112,6 +118,7 @@ impl Settings {
             trusted_proxies: Vec::new(),
             heartbeat_ms: 5_000,
             shutdown_grace_secs: 30,
+            client_idle_timeout_secs: 30,
             worker_threads: 0,
             check_ready: false,
         }
@@ -132,6 +139,10 @@ impl Settings {
             });
         }
         addr
+    }
+
+    pub fn client_idle_timeout(&self) -> Duration {
+        Duration::from_secs(self.client_idle_timeout_secs)
     }
 
     pub fn shutdown_grace(&self) -> Duration {

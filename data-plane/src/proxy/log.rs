@@ -14,6 +14,7 @@ use http::{Method, StatusCode, Uri};
 use http_body::{Body, Frame, SizeHint};
 use serde::Serialize;
 
+use super::idle::ActiveRequest;
 use super::metrics::UNROUTED;
 use crate::routing::{CompiledApi, RoutingTable};
 use crate::upstream::{InFlight, ProxyBody, Target};
@@ -22,6 +23,8 @@ use crate::upstream::{InFlight, ProxyBody, Target};
 /// every request: its fields are cheap clones (reference counts), never copies.
 #[derive(Debug)]
 pub struct Exchange {
+    /// Counts the request as in flight on its connection until the response ends.
+    pub active: ActiveRequest,
     pub started: Instant,
     pub method: Method,
     /// Only its path is logged: a query string may carry secrets (API keys).

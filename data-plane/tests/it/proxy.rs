@@ -108,12 +108,15 @@ struct Proxy {
 
 impl Proxy {
     async fn start(snapshot: &v1::Snapshot) -> Result<Self> {
+        Self::start_with(snapshot, ProxyOptions { access_log: false, ..ProxyOptions::default() }).await
+    }
+
+    async fn start_with(snapshot: &v1::Snapshot, options: ProxyOptions) -> Result<Self> {
         let tables = Arc::new(TableStore::new());
         tables.apply(snapshot)?;
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let (stop, stopped) = oneshot::channel::<()>();
-        let options = ProxyOptions { access_log: false, ..ProxyOptions::default() };
         let task = tokio::spawn(proxy::serve(listener, tables.clone(), options, async move {
             let _ = stopped.await;
         }));
@@ -596,5 +599,60 @@ async fn a_connection_is_not_reused_past_the_keep_alive_timeout_the_upstream_ann
     assert_eq!(accepted.load(Ordering::SeqCst), 2, "a new connection once the announced timeout is near");
 
     upstream_task.abort();
+    proxy.shutdown().await
+}
+
+/// Reads until the proxy closes the connection: what arrived, and when the
+/// first bytes and the close came (measured from `since`).
+async fn read_until_closed(stream: &mut TcpStream, since: Instant) -> Result<(String, Option<Duration>, Duration)> {
+    let mut received = Vec::new();
+    let mut first = None;
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut chunk))
+            .await
+            .context("the proxy kept an idle connection open")??;
+        if n == 0 {
+            return Ok((String::from_utf8_lossy(&received).into_owned(), first, since.elapsed()));
+        }
+        first.get_or_insert_with(|| since.elapsed());
+        received.extend_from_slice(&chunk[..n]);
+    }
+}
+
+#[tokio::test]
+async fn idle_client_connections_are_closed_but_slow_requests_are_not() -> Result<()> {
+    let a = Upstream::start("a").await?;
+    let snap = snapshot(1, vec![api("shop", "/shop", "backend")], vec![upstream("backend", &[&a])]);
+    let idle_timeout = Duration::from_millis(400);
+    let options = ProxyOptions { access_log: false, idle_timeout, ..ProxyOptions::default() };
+    let proxy = Proxy::start_with(&snap, options).await?;
+
+    // A request that takes longer than the idle timeout (the upstream waits
+    // 600 ms) is answered; the kept-alive connection closes once it has been
+    // idle for the timeout after that.
+    let mut stream = TcpStream::connect(proxy.addr).await?;
+    let started = Instant::now();
+    stream.write_all(b"GET /shop/slow HTTP/1.1\r\nhost: test\r\n\r\n").await?;
+    let (received, answered, closed) = read_until_closed(&mut stream, started).await?;
+    assert!(received.starts_with("HTTP/1.1 200"), "the slow request is answered: {received}");
+    let answered = answered.context("no response")?;
+    assert!(answered >= Duration::from_millis(600), "answered after the upstream's delay");
+    assert!(closed >= answered + idle_timeout, "closed {closed:?}, answered {answered:?}: too early");
+
+    // A client that never finishes its request head is cut off too, and nothing reaches the upstream.
+    let mut stream = TcpStream::connect(proxy.addr).await?;
+    let started = Instant::now();
+    stream.write_all(b"GET /shop/never HTTP/1.1\r\nhost: te").await?;
+    let (received, _, closed) = read_until_closed(&mut stream, started).await?;
+    assert!(!received.starts_with("HTTP/1.1 200"), "an unfinished request is not forwarded: {received}");
+    assert!(closed >= idle_timeout, "closed after {closed:?}, before the timeout");
+
+    // A connection in use keeps being served.
+    let c = client()?;
+    for _ in 0..3 {
+        assert_eq!(c.get(proxy.url("/shop/x")).send().await?.status(), 200);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     proxy.shutdown().await
 }
