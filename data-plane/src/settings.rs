@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 
 use crate::policy::rate_limit::{Cidr, CidrError};
+use crate::proxy::DEFAULT_IDLE_TIMEOUT;
 
 /// An on/off switch spelled the way operators write it in env files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -87,7 +88,7 @@ pub struct Settings {
     /// Seconds a client connection may stay open with no request in flight
     /// (kept alive between requests, or sending its request head) before
     /// the data plane closes it.
-    #[arg(long, env = "SLUICE_CLIENT_IDLE_TIMEOUT_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "SLUICE_CLIENT_IDLE_TIMEOUT_SECS", default_value_t = DEFAULT_IDLE_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
     pub client_idle_timeout_secs: u64,
 
     /// Threads serving traffic; 0 (the default) means one per CPU core the
@@ -118,7 +119,7 @@ impl Settings {
             trusted_proxies: Vec::new(),
             heartbeat_ms: 5_000,
             shutdown_grace_secs: 30,
-            client_idle_timeout_secs: 30,
+            client_idle_timeout_secs: DEFAULT_IDLE_TIMEOUT.as_secs(),
             worker_threads: 0,
             check_ready: false,
         }
