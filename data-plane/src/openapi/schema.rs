@@ -93,6 +93,11 @@ fn encode_fragment(pointer: &str) -> String {
 /// Runs `validator` on `instance` and files every violation under a location:
 /// `at(None)` for the whole value, `at(Some(pointer))` for a place inside it.
 pub(super) fn collect(validator: &Validator, instance: &Value, errors: &mut Errors, at: impl Fn(&str) -> String) {
+    // Most messages are valid: `is_valid` stops at the first violation and
+    // builds no error values, so only invalid ones pay for the full report.
+    if validator.is_valid(instance) {
+        return;
+    }
     for error in validator.iter_errors(instance) {
         let mut pointer = error.instance_path().as_str().to_owned();
         // A missing property is reported where it should have been, which is
