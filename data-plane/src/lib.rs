@@ -5,6 +5,7 @@
 
 pub mod app;
 pub mod backoff;
+mod clock;
 pub mod openapi;
 pub mod ops;
 pub mod policy;

@@ -9,9 +9,9 @@ mod connections;
 mod health;
 
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::uri::{Authority, Scheme};
@@ -21,6 +21,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use metrics::Gauge;
 use sluice_proto::v1;
 
+use crate::clock::now_ms;
 use crate::tls::{CertificateSet, UpstreamTls};
 
 pub use balance::{Balancer, HashOn, PickContext, hash64};
@@ -330,12 +331,6 @@ impl UpstreamPool {
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| (b >= BUDGET_COST).then_some(b - BUDGET_COST))
             .is_ok()
     }
-}
-
-/// Milliseconds since the first call; a monotonic clock that fits in an atomic.
-fn now_ms() -> u64 {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
 }
 
 #[cfg(test)]

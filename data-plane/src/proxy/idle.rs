@@ -7,16 +7,11 @@
 //! Here a connection has one timer, which wakes at most once per timeout
 //! period; a request only counts itself in and out.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// Times are kept as milliseconds since this instant, so they fit an atomic.
-static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
-
-fn now_ms() -> u64 {
-    u64::try_from(EPOCH.elapsed().as_millis()).unwrap_or(u64::MAX)
-}
+use crate::clock::now_ms;
 
 /// What one client connection is doing: requests in flight and when the last one ended.
 #[derive(Debug)]
