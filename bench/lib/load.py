@@ -71,7 +71,7 @@ def wrk(target: Target, connections: int, duration: float, layout: Layout,
             peak.append(target.gateway.rss_kb())
 
     sampler_thread = threading.Thread(target=sampler, daemon=True)
-    cpu_before = target.gateway.cpu_seconds()
+    user_before, kernel_before = target.gateway.cpu_split()
     started = time.monotonic()
     if sample_rss:
         sampler_thread.start()
@@ -80,7 +80,9 @@ def wrk(target: Target, connections: int, duration: float, layout: Layout,
     finally:
         done.set()
     wall = time.monotonic() - started
-    cpu = target.gateway.cpu_seconds() - cpu_before
+    user_after, kernel_after = target.gateway.cpu_split()
+    user, kernel = user_after - user_before, kernel_after - kernel_before
+    cpu = user + kernel
     line = next((l for l in run.stdout.splitlines() if l.startswith("BENCH_JSON ")), None)
     if line is None:
         raise RuntimeError(f"wrk gave no result for {target.label}: {run.stdout[-500:]} {run.stderr[-500:]}")
@@ -97,6 +99,8 @@ def wrk(target: Target, connections: int, duration: float, layout: Layout,
         "errors": socket_errors + result["status_errors"],
         "gateway_cpu_s": round(cpu, 3),
         "cpu_us_per_req": (cpu / result["requests"] * 1e6) if result["requests"] else None,
+        "user_us_per_req": (user / result["requests"] * 1e6) if result["requests"] else None,
+        "kernel_us_per_req": (kernel / result["requests"] * 1e6) if result["requests"] else None,
         "rss_load_kb": max(peak),
     })
     return result
@@ -165,6 +169,8 @@ def summarize(runs: list[dict], rss_idle_kb: int) -> dict:
         "errors": sum(r["errors"] for r in runs),
         "requests": sum(r["requests"] for r in runs),
         "cpu_us_per_req": spread([r["cpu_us_per_req"] for r in runs]),
+        "user_us_per_req": spread([r.get("user_us_per_req") for r in runs]),
+        "kernel_us_per_req": spread([r.get("kernel_us_per_req") for r in runs]),
         "rss_idle_kb": rss_idle_kb,
         "rss_load_kb": spread([r["rss_load_kb"] for r in runs]),
         "connections": runs[0]["connections"] if runs else None,

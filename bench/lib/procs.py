@@ -68,15 +68,20 @@ class Proc:
 
     def cpu_seconds(self) -> float:
         """utime + stime of the process and its descendants, all threads."""
-        total = 0
+        return sum(self.cpu_split())
+
+    def cpu_split(self) -> tuple[float, float]:
+        """(user, kernel) CPU seconds of the process and its descendants, all threads."""
+        user = kernel = 0
         for pid in self.pids():
             try:
                 stat = Path(f"/proc/{pid}/stat").read_text()
             except OSError:
                 continue
             fields = stat[stat.rindex(")") + 2:].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
-        return total / CLK_TCK
+            user += int(fields[11])  # utime (field 14)
+            kernel += int(fields[12])  # stime (field 15)
+        return user / CLK_TCK, kernel / CLK_TCK
 
     def rss_kb(self) -> int:
         """Sum of VmRSS of the process and its descendants."""

@@ -73,6 +73,14 @@ def gateway_table(gateways: dict, ref: str | None) -> list[str]:
     return lines
 
 
+def cpu_split(gateways: dict) -> list[str]:
+    """Each gateway's CPU per request as user + kernel time: kernel time (loopback TCP for the same
+    syscalls) is much the same for every gateway, so the user part is where they differ."""
+    parts = [f"{label} {num(med(g, 'user_us_per_req'), 1)} + {num(med(g, 'kernel_us_per_req'), 1)}"
+             for label, g in gateways.items() if med(g, "user_us_per_req") is not None]
+    return [f"* CPU µs/request as user + kernel time (medians): {'; '.join(parts)}"] if parts else []
+
+
 # --- sections -----------------------------------------------------------------
 
 def section_proxy(s: dict) -> list[str]:
@@ -90,6 +98,7 @@ def section_proxy(s: dict) -> list[str]:
         f"* Target p99 ≤ nginx's: {verdict(ratio(med(sl, 'p99_ms'), med(ng, 'p99_ms')), 1.0, False)}",
         f"* Target CPU/request ≤ 0.8x nginx: "
         f"{verdict(ratio(med(sl, 'cpu_us_per_req'), med(ng, 'cpu_us_per_req')), 0.8, False)}",
+        *cpu_split(g),
         "",
     ]
 
@@ -110,6 +119,7 @@ def section_secured(s: dict) -> list[str]:
         *gateway_table(g, "nginx"),
         "",
         f"* Target ≥ 0.9x Sluice's own proxy: {verdict(ratio(med(sl, 'rps'), med(own, 'rps')), 0.9)}",
+        *cpu_split(g),
         "",
     ]
 
@@ -169,6 +179,7 @@ def section_rr(s: dict) -> list[str]:
         *gateway_table(g, "nginx"),
         "",
         f"* Target ≥ 1.2x nginx: {verdict(ratio(med(g['sluice'], 'rps'), med(g['nginx'], 'rps')), 1.2)}",
+        *cpu_split(g),
         "",
     ]
 

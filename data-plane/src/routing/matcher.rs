@@ -6,6 +6,13 @@
 use std::collections::{BTreeSet, HashMap};
 
 use http::Method;
+use smallvec::SmallVec;
+
+/// The maps probed on every request (hosts, path segments) hash with
+/// foldhash, several times cheaper than the default SipHash on short keys.
+/// Its seed is still random per process, and the keys come from the
+/// configuration: clients only look up.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// Why no API matched.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,7 +76,7 @@ fn push_entry(entries: &mut Vec<Entry>, entry: Entry, route: &str, names: &[Stri
 /// `/shop` and `/shop/x` but not `/shopping`.
 #[derive(Debug, Default)]
 struct PrefixNode {
-    children: HashMap<Box<str>, PrefixNode>,
+    children: FastMap<Box<str>, PrefixNode>,
     entries: Vec<Entry>,
 }
 
@@ -87,7 +94,10 @@ impl HostRoutes {
     fn lookup(&self, path: &str, method: &Method) -> Result<usize, RouteMiss> {
         // The most specific path match decides the Allow list if no method matches anywhere.
         let mut allow: Option<Vec<String>> = None;
-        if let Ok(found) = self.paths.at(path) {
+        // Most APIs route by prefix only: skip the template router when it is empty.
+        if !self.path_entries.is_empty()
+            && let Ok(found) = self.paths.at(path)
+        {
             match pick(found.value, method) {
                 Ok(api) => return Ok(api),
                 Err(methods) => allow = Some(methods),
@@ -96,7 +106,7 @@ impl HostRoutes {
         // Walk down as far as the path goes, remembering each node with entries;
         // then try them deepest first, so a shorter prefix still serves a method
         // the longer one does not accept.
-        let mut matched: Vec<&[Entry]> = Vec::new();
+        let mut matched: SmallVec<[&[Entry]; 4]> = SmallVec::new();
         let mut node = &self.prefixes;
         if !node.entries.is_empty() {
             matched.push(&node.entries);
@@ -137,9 +147,9 @@ pub struct RouteSpec<'a> {
 /// The compiled matcher: exact hosts, wildcard host suffixes, then routes for any host.
 #[derive(Debug, Default)]
 pub struct Matcher {
-    exact: HashMap<String, HostRoutes>,
+    exact: FastMap<String, HostRoutes>,
     /// Keyed by the suffix after `*.`, e.g. `example.com`.
-    wildcard: HashMap<String, HostRoutes>,
+    wildcard: FastMap<String, HostRoutes>,
     any: HostRoutes,
 }
 
@@ -187,7 +197,7 @@ impl Matcher {
             }
         };
         let routes_by_host = !self.exact.is_empty() || !self.wildcard.is_empty();
-        if let Some(host) = host.map(strip_port).filter(|h| routes_by_host && !h.is_empty()) {
+        if routes_by_host && let Some(host) = host.map(strip_port).filter(|h| !h.is_empty()) {
             // Hosts arrive lowercase almost always: copy only when one does not.
             let host: std::borrow::Cow<'_, str> = if host.bytes().any(|b| b.is_ascii_uppercase()) {
                 host.to_ascii_lowercase().into()
@@ -316,6 +326,10 @@ mod tests {
             api(&["*.example.com"], "/", &[], &[]),                                     // 5
             api(&["*.b.example.com"], "/only", &[], &["POST"]),                         // 6
             api(&[], "/admin", &[], &["DELETE"]),                                       // 7
+            api(&[], "/a/b/c/d/e", &[], &["GET"]),                                      // 8
+            api(&[], "/a/b/c/d", &[], &["PUT"]),                                        // 9
+            api(&[], "/a/b/c", &[], &["PATCH"]),                                        // 10
+            api(&[], "/a/b", &[], &["HEAD"]),                                           // 11
         ];
         let m = build(&apis).unwrap();
         let cases: &[Case<'_>] = &[
@@ -337,6 +351,10 @@ mod tests {
             (Some("example.com"), "/shop", Method::GET, Ok(1)),
             (Some("other.org"), "/admin", Method::DELETE, Ok(7)),
             (Some("other.org"), "/admin", Method::GET, Ok(0)),
+            // Five nested prefixes match; each refuses the method but the shortest ones.
+            (None, "/a/b/c/d/e/f", Method::GET, Ok(8)),
+            (None, "/a/b/c/d/e/f", Method::HEAD, Ok(11)),
+            (None, "/a/b/c/d/e/f", Method::OPTIONS, Ok(0)),
         ];
         for (host, path, method, want) in cases {
             assert_eq!(&m.lookup(*host, path, method), want, "{host:?} {method} {path}");
