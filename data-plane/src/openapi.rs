@@ -4,7 +4,8 @@
 //! parameters, content types and JSON bodies, and optionally each upstream
 //! response too. `SpecValidator::compile` does all the work that can be done
 //! once per snapshot (parsing, `$ref`s, schema compilation, the path router);
-//! `validate_request`/`validate_response` only match and run validators.
+//! `match_request` (then `RequestMatch::check`) and `validate_response` only
+//! match and run validators.
 
 mod body;
 mod document;
@@ -27,7 +28,7 @@ pub use failure::ValidationFailure;
 
 use document::{Version, escape, resolve};
 use operation::{Location, Operation};
-use router::Router;
+use router::{Found, Router};
 use schema::SchemaCompiler;
 
 /// Why a spec cannot be compiled; becomes the snapshot's NACK reason.
@@ -120,17 +121,21 @@ impl SpecValidator {
         self.inputs.validate_responses
     }
 
-    /// Whether `validate_request` wants the request body: only when request
-    /// validation is on and the matched operation has a JSON body schema;
-    /// everything else streams through unbuffered.
-    pub fn needs_body(&self, method: &Method, path: &str) -> bool {
-        self.inputs.validate_requests && self.router.find(method, path).is_ok_and(|found| found.operation.needs_body())
+    /// Matches a request to its operation, once per request: the match says
+    /// whether the body must be buffered, then checks the request. A request
+    /// no operation serves fails here (404 or 405), before its body is read.
+    /// Only for APIs that validate requests ([`Self::validates_requests`]).
+    pub fn match_request<'a, 'p>(
+        &'a self,
+        method: &Method,
+        path: &'p str,
+    ) -> Result<RequestMatch<'a, 'p>, ValidationFailure> {
+        self.router.find(method, path).map(|found| RequestMatch { found })
     }
 
-    /// Checks a request; `path` is the full request path and `body` the
-    /// buffered body when `needs_body` said so (`None` otherwise). Every
-    /// violation found is in the failure. Always `Ok` when request validation
-    /// is off for the API.
+    /// Checks a request in one go (`body` buffered or not): [`Self::match_request`]
+    /// then [`RequestMatch::check`]. Always `Ok` when request validation is
+    /// off for the API.
     pub fn validate_request(
         &self,
         method: &Method,
@@ -142,8 +147,7 @@ impl SpecValidator {
         if !self.inputs.validate_requests {
             return Ok(());
         }
-        let found = self.router.find(method, path)?;
-        found.operation.check_request(method, &found.params, query, headers, body)
+        self.match_request(method, path)?.check(method, query, headers, body)
     }
 
     /// Checks an upstream response to `method path` (status, declared headers,
@@ -165,6 +169,31 @@ impl SpecValidator {
             Ok(found) => found.operation.check_response(method, status, headers, body),
             Err(_) => Ok(()),
         }
+    }
+}
+
+/// A request's operation with its path parameters, found by [`SpecValidator::match_request`].
+pub struct RequestMatch<'a, 'p> {
+    found: Found<'a, 'p>,
+}
+
+impl RequestMatch<'_, '_> {
+    /// Whether [`Self::check`] wants the request body: only when the
+    /// operation has a JSON body schema; everything else streams through unbuffered.
+    pub fn needs_body(&self) -> bool {
+        self.found.operation.needs_body()
+    }
+
+    /// Checks the request; `body` is the buffered body when [`Self::needs_body`]
+    /// said so (`None` otherwise). Every violation found is in the failure.
+    pub fn check(
+        &self,
+        method: &Method,
+        query: Option<&str>,
+        headers: &HeaderMap,
+        body: Option<&[u8]>,
+    ) -> Result<(), ValidationFailure> {
+        self.found.operation.check_request(method, &self.found.params, query, headers, body)
     }
 }
 

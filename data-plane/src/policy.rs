@@ -26,7 +26,7 @@ use sluice_proto::v1::policy::Kind;
 pub use auth::X_CONSUMER_USERNAME;
 pub use problem::Rejection;
 
-use crate::openapi::SpecValidator;
+use crate::openapi::{SpecValidator, ValidationFailure};
 use crate::proxy::ProxyError;
 use crate::upstream::{ProxyBody, RequestBody};
 use auth::Authentication;
@@ -267,13 +267,15 @@ impl PolicyChain {
 
     async fn validate_request(&self, request: &mut Request<RequestBody>, limit: &BodyLimit) -> Result<(), Stop> {
         let Some(spec) = self.openapi.as_ref().filter(|s| s.validates_requests()) else { return Ok(()) };
-        let body = match spec.needs_body(request.method(), request.uri().path()) {
+        let refuse = |failure: ValidationFailure| Stop::Respond("openapi", failure.into_response());
+        // Shared, not copied: the request is borrowed mutably while its body is buffered.
+        let (method, uri) = (request.method().clone(), request.uri().clone());
+        let matched = spec.match_request(&method, uri.path()).map_err(refuse)?;
+        let body = match matched.needs_body() {
             true => Some(limit.buffer(request).await?),
             false => None,
         };
-        let uri = request.uri();
-        spec.validate_request(request.method(), uri.path(), uri.query(), request.headers(), body.as_deref())
-            .map_err(|failure| Stop::Respond("openapi", failure.into_response()))
+        matched.check(&method, uri.query(), request.headers(), body.as_deref()).map_err(refuse)
     }
 
     async fn validate_response(

@@ -50,8 +50,9 @@ fn send(
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_str(ct).unwrap());
     }
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
-    let buffered = v.needs_body(&method, path).then_some(body.as_bytes());
-    v.validate_request(&method, path, query, &headers, buffered)
+    let matched = v.match_request(&method, path)?;
+    let buffered = matched.needs_body().then_some(body.as_bytes());
+    matched.check(&method, query, &headers, buffered)
 }
 
 const JSON: Option<&str> = Some("application/json");
@@ -268,7 +269,7 @@ fn needs_body_only_for_json_body_schemas() {
         (Method::POST, "/shop/v2/nowhere", false),
     ];
     for (method, path, expected) in cases {
-        assert_eq!(v.needs_body(&method, path), expected, "{method} {path}");
+        assert_eq!(v.match_request(&method, path).is_ok_and(|m| m.needs_body()), expected, "{method} {path}");
     }
 }
 
