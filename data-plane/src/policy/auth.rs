@@ -55,10 +55,10 @@ impl Authentication {
                 failures.push("the API key is not valid".into());
             }
         }
-        let authorization = request.headers().get(AUTHORIZATION).cloned();
+        let authorization = request.headers().get(AUTHORIZATION);
         if consumer.is_none()
             && let Some(jwt) = &self.jwt
-            && let Some(token) = authorization.as_ref().and_then(JwtAuth::presented)
+            && let Some(token) = authorization.and_then(JwtAuth::presented)
         {
             presented = true;
             match jwt.verify(token) {
@@ -72,7 +72,7 @@ impl Authentication {
         }
         if consumer.is_none()
             && let Some(basic) = &self.basic
-            && let Some(credentials) = authorization.as_ref().and_then(BasicAuth::presented)
+            && let Some(credentials) = authorization.and_then(BasicAuth::presented)
         {
             presented = true;
             match credentials {
