@@ -30,6 +30,7 @@ use crate::openapi::{SpecValidator, ValidationFailure};
 use crate::proxy::ProxyError;
 use crate::upstream::{ProxyBody, RequestBody};
 use auth::Authentication;
+pub use auth::ConsumerTags;
 use cors::{Cors, CorsStep};
 use headers::HeaderPolicy;
 use ip_restriction::IpRestriction;
@@ -93,6 +94,7 @@ impl PolicyChain {
     pub fn compile(
         api: &v1::Api,
         snapshot: &v1::Snapshot,
+        consumers: &Arc<ConsumerTags>,
         previous: Option<&PolicyChain>,
         ctx: &PolicyContext,
     ) -> Result<PolicyChain, String> {
@@ -101,7 +103,7 @@ impl PolicyChain {
             cors: None,
             ip_restriction: None,
             size_limit: None,
-            auth: Authentication::default(),
+            auth: Authentication { consumers: consumers.clone(), ..Authentication::default() },
             rate_limit: None,
             headers: None,
             openapi: None,

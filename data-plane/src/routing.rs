@@ -16,7 +16,7 @@ use sluice_proto::v1;
 
 pub use matcher::RouteMiss;
 
-use crate::policy::{PolicyChain, PolicyContext};
+use crate::policy::{ConsumerTags, PolicyChain, PolicyContext};
 use crate::proxy::RequestMetrics;
 use crate::tls::{CertificateError, CertificateSet};
 use crate::upstream::UpstreamPool;
@@ -121,10 +121,11 @@ pub fn compile(
 
     let previous_apis: HashMap<&str, &CompiledApi> =
         previous.map(|p| p.apis.iter().map(|a| (a.name.as_str(), a.as_ref())).collect()).unwrap_or_default();
+    let consumers = Arc::new(ConsumerTags::new(&snapshot.consumers));
     let mut apis = Vec::with_capacity(snapshot.apis.len());
     for api in &snapshot.apis {
         let old_policies = previous_apis.get(api.name.as_str()).map(|a| &a.policies);
-        let policies = PolicyChain::compile(api, snapshot, old_policies, ctx)
+        let policies = PolicyChain::compile(api, snapshot, &consumers, old_policies, ctx)
             .map_err(|reason| CompileError::Policy { api: api.name.clone(), reason })?;
         let upstream = upstreams
             .get(&api.upstream)

@@ -4,11 +4,14 @@
 //! success the credentials are removed before forwarding and the consumer is
 //! named in `X-Consumer-Username`; otherwise 401 with one challenge per method.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
 
 use http::header::AUTHORIZATION;
 use http::uri::PathAndQuery;
-use http::{HeaderName, HeaderValue, Request, StatusCode, Uri, header};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode, Uri, header};
+use metrics::Counter;
+use sluice_proto::v1;
 
 use super::api_key::{ApiKeyAuth, remove_query_param};
 use super::basic_auth::{BasicAuth, Presented};
@@ -25,6 +28,30 @@ pub struct Authentication {
     pub basic: Option<BasicAuth>,
     pub api_key: Option<ApiKeyAuth>,
     pub jwt: Option<JwtAuth>,
+    /// The snapshot's consumers, as each authenticated request names them.
+    pub consumers: Arc<ConsumerTags>,
+}
+
+/// What the gateway says about each configured consumer on every request it
+/// passes, made once per snapshot and shared by its APIs: the
+/// `X-Consumer-Username` value, and the request counter (registered on the
+/// consumer's first request, so idle consumers add no series). Building
+/// both per request cost a registry lookup and three allocations.
+#[derive(Debug, Default)]
+pub struct ConsumerTags(HashMap<Box<str>, ConsumerTag, foldhash::fast::RandomState>);
+
+#[derive(Debug)]
+struct ConsumerTag {
+    /// `None` for a name that is not a valid header value (it is logged instead).
+    header: Option<HeaderValue>,
+    requests: OnceLock<Counter>,
+}
+
+impl ConsumerTags {
+    pub fn new(consumers: &[v1::Consumer]) -> Self {
+        let tag = |name: &str| ConsumerTag { header: HeaderValue::from_str(name).ok(), requests: OnceLock::new() };
+        ConsumerTags(consumers.iter().map(|c| (c.username.as_str().into(), tag(&c.username))).collect())
+    }
 }
 
 impl Authentication {
@@ -90,19 +117,35 @@ impl Authentication {
             return Err(self.unauthorized(presented, &failures));
         };
         self.strip_credentials(request)?;
-        match HeaderValue::from_str(&consumer) {
-            Ok(value) => {
-                request.headers_mut().insert(X_CONSUMER_USERNAME, value);
+        self.name_consumer(request.headers_mut(), &consumer, configured);
+        Ok(Some(consumer))
+    }
+
+    /// Names the consumer to the upstream and counts its request. A JWKS
+    /// token's subject (`configured` false) is named but not counted: no
+    /// operator configured it, so it must not add metric series.
+    fn name_consumer(&self, headers: &mut HeaderMap, consumer: &Arc<str>, configured: bool) {
+        let tag = if configured { self.consumers.0.get(&**consumer) } else { None };
+        let value = match tag {
+            Some(tag) => tag.header.clone(),
+            None => HeaderValue::from_str(consumer).ok(),
+        };
+        match value {
+            Some(value) => {
+                headers.insert(X_CONSUMER_USERNAME, value);
             }
-            Err(_) => tracing::warn!(%consumer, "consumer name cannot be sent in X-Consumer-Username"),
+            None => tracing::warn!(%consumer, "consumer name cannot be sent in X-Consumer-Username"),
         }
         if configured {
             // Labelled by consumer only (not API): consumers are few and set by
             // operators, so the series count stays bounded by configuration.
             // The label shares the name's allocation.
-            metrics::counter!("sluice_consumer_requests_total", "consumer" => consumer.clone()).increment(1);
+            let register = || metrics::counter!("sluice_consumer_requests_total", "consumer" => consumer.clone());
+            match tag {
+                Some(tag) => tag.requests.get_or_init(register).increment(1),
+                None => register().increment(1),
+            }
         }
-        Ok(Some(consumer))
     }
 
     /// Removes every credential this API reads, used or not: the upstream
@@ -209,6 +252,7 @@ mod tests {
                 .unwrap(),
             ),
             jwt: Some(JwtAuth::compile(&v1::JwtAuth::default(), "shop", &s.consumers).unwrap()),
+            consumers: Arc::new(ConsumerTags::new(&s.consumers)),
         }
     }
 
