@@ -104,8 +104,8 @@ impl RateHeaders {
     pub fn write_to(self, headers: &mut HeaderMap) {
         headers.insert(RATELIMIT_LIMIT.clone(), self.limit);
         if let Some((remaining, reset)) = self.remaining_and_reset {
-            headers.insert(RATELIMIT_REMAINING.clone(), HeaderValue::from(remaining));
-            headers.insert(RATELIMIT_RESET.clone(), HeaderValue::from(reset));
+            headers.insert(RATELIMIT_REMAINING.clone(), number_value(remaining));
+            headers.insert(RATELIMIT_RESET.clone(), number_value(reset));
         }
         headers.insert(RATELIMIT_POLICY.clone(), self.policy);
     }
@@ -115,6 +115,16 @@ impl RateHeaders {
         let mut headers = HeaderMap::with_capacity(4);
         self.clone().write_to(&mut headers);
         headers
+    }
+}
+
+/// A number as a header value, formatted on the stack: one allocation, where
+/// `HeaderValue::from` takes two (a growing buffer, then its shared form).
+fn number_value(n: impl itoa::Integer) -> HeaderValue {
+    let mut digits = itoa::Buffer::new();
+    match HeaderValue::from_str(digits.format(n)) {
+        Ok(value) => value,
+        Err(_) => unreachable!("decimal digits are a valid header value"),
     }
 }
 
