@@ -90,7 +90,8 @@ impl PolicyChain {
     /// Compiles `api`'s policies against `snapshot` (consumers, specs, the
     /// API-key HMAC key). State worth keeping across swaps is taken from
     /// `previous` (the same API in the table being replaced): rate-limit
-    /// buckets, compiled validators, the basic-auth cache.
+    /// buckets, compiled validators, the basic-auth cache. `consumers` is
+    /// built once per snapshot and shared by all its APIs.
     pub fn compile(
         api: &v1::Api,
         snapshot: &v1::Snapshot,
