@@ -98,12 +98,16 @@ def wrk(target: Target, connections: int, duration: float, layout: Layout,
         "socket_errors": socket_errors,
         "errors": socket_errors + result["status_errors"],
         "gateway_cpu_s": round(cpu, 3),
-        "cpu_us_per_req": (cpu / result["requests"] * 1e6) if result["requests"] else None,
-        "user_us_per_req": (user / result["requests"] * 1e6) if result["requests"] else None,
-        "kernel_us_per_req": (kernel / result["requests"] * 1e6) if result["requests"] else None,
+        "cpu_us_per_req": per_request_us(cpu, result["requests"]),
+        "user_us_per_req": per_request_us(user, result["requests"]),
+        "kernel_us_per_req": per_request_us(kernel, result["requests"]),
         "rss_load_kb": max(peak),
     })
     return result
+
+
+def per_request_us(seconds: float, requests: int) -> float | None:
+    return seconds / requests * 1e6 if requests else None
 
 
 def _run_wrk(argv: list[str], env: dict, duration: float, watch: Proc | None) -> subprocess.CompletedProcess:

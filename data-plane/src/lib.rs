@@ -6,6 +6,7 @@
 pub mod app;
 pub mod backoff;
 mod clock;
+mod fast_map;
 pub mod openapi;
 pub mod ops;
 pub mod policy;

@@ -133,23 +133,6 @@ impl SpecValidator {
         self.router.find(method, path).map(|found| RequestMatch { found })
     }
 
-    /// Checks a request in one go (`body` buffered or not): [`Self::match_request`]
-    /// then [`RequestMatch::check`]. Always `Ok` when request validation is
-    /// off for the API.
-    pub fn validate_request(
-        &self,
-        method: &Method,
-        path: &str,
-        query: Option<&str>,
-        headers: &HeaderMap,
-        body: Option<&[u8]>,
-    ) -> Result<(), ValidationFailure> {
-        if !self.inputs.validate_requests {
-            return Ok(());
-        }
-        self.match_request(method, path)?.check(method, query, headers, body)
-    }
-
     /// Checks an upstream response to `method path` (status, declared headers,
     /// content type, JSON body). A failure's status is 502. Always `Ok` when
     /// response validation is off, or when the request matches no operation

@@ -409,7 +409,7 @@ fn openapi_31_document() {
             headers.insert("x-trace", HeaderValue::from_str(t).unwrap());
         }
         let (path, query) = uri.split_once('?').map_or((uri, None), |(p, q)| (p, Some(q)));
-        v.validate_request(&Method::PUT, path, query, &headers, Some(body.as_bytes()))
+        v.match_request(&Method::PUT, path).and_then(|m| m.check(&Method::PUT, query, &headers, Some(body.as_bytes())))
     };
     let with_tags = format!("{uri}?tags=1&tags=2");
     let bad_tags = format!("{uri}?tags=1&tags=x");

@@ -4,7 +4,6 @@
 //! success the credentials are removed before forwarding and the consumer is
 //! named in `X-Consumer-Username`; otherwise 401 with one challenge per method.
 
-use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 use http::header::AUTHORIZATION;
@@ -17,6 +16,7 @@ use super::api_key::{ApiKeyAuth, remove_query_param};
 use super::basic_auth::{BasicAuth, Presented};
 use super::jwt::{JwtAuth, Verified};
 use super::problem::Rejection;
+use crate::fast_map::FastMap;
 use crate::upstream::RequestBody;
 
 /// Set by the gateway for the upstream; a client-sent value is always dropped
@@ -38,7 +38,7 @@ pub struct Authentication {
 /// consumer's first request, so idle consumers add no series). Building
 /// both per request cost a registry lookup and three allocations.
 #[derive(Debug, Default)]
-pub struct ConsumerTags(HashMap<Box<str>, ConsumerTag, foldhash::fast::RandomState>);
+pub struct ConsumerTags(FastMap<Box<str>, ConsumerTag>);
 
 #[derive(Debug)]
 struct ConsumerTag {

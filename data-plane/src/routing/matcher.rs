@@ -8,11 +8,7 @@ use std::collections::{BTreeSet, HashMap};
 use http::Method;
 use smallvec::SmallVec;
 
-/// The maps probed on every request (hosts, path segments) hash with
-/// foldhash, several times cheaper than the default SipHash on short keys.
-/// Its seed is still random per process, and the keys come from the
-/// configuration: clients only look up.
-type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+use crate::fast_map::FastMap;
 
 /// Why no API matched.
 #[derive(Debug, Clone, PartialEq, Eq)]
