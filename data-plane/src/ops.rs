@@ -52,12 +52,20 @@ pub fn metrics_handle() -> PrometheusHandle {
         .clone()
 }
 
+/// How often histogram samples are folded into their buckets.
+///
+/// Until then every request's samples are held raw (8 bytes each plus block
+/// overhead): at 40,000 requests/s a 5 s interval held 2.8 MB at peak, about
+/// 6% of the data plane's memory under load. Folding costs the same per
+/// sample whenever it happens, so a shorter interval costs nothing more.
+const HISTOGRAM_UPKEEP_INTERVAL: Duration = Duration::from_secs(1);
+
 /// Histograms accumulate samples until drained; without upkeep an unscraped
 /// node would grow without bound.
 fn spawn_upkeep(handle: PrometheusHandle) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
     runtime.spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        let mut tick = tokio::time::interval(HISTOGRAM_UPKEEP_INTERVAL);
         loop {
             tick.tick().await;
             handle.run_upkeep();

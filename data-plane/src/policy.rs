@@ -172,71 +172,77 @@ impl PolicyChain {
     /// that refuses answers with problem details, and the upstream sees
     /// nothing. `consumer` is set once authentication has named one (for the
     /// access log), even if a later policy refuses the request.
-    pub async fn apply<F, Fut>(
+    ///
+    /// Not an `async fn`, so the request is held once in the future, not
+    /// twice (see `proxy::handle`).
+    #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see proxy::handle)")]
+    pub fn apply<F, Fut>(
         &self,
         mut request: Request<RequestBody>,
         client_ip: IpAddr,
         consumer: &mut Option<Arc<str>>,
         forward: F,
-    ) -> Result<Response<ProxyBody>, ProxyError>
+    ) -> impl Future<Output = Result<Response<ProxyBody>, ProxyError>>
     where
         F: FnOnce(Request<RequestBody>) -> Fut,
         Fut: Future<Output = Result<Response<ProxyBody>, ProxyError>>,
     {
-        if self.is_empty() {
-            // No policy names a consumer, so a client-sent one never passes.
-            request.headers_mut().remove(X_CONSUMER_USERNAME);
-            return forward(request).await;
-        }
-        // The URI's clone shares its bytes; the path is the problem's `instance`.
-        let uri = request.uri().clone();
-        let instance = uri.path();
-        let method = request.method().clone();
-        // 1. CORS first: a preflight carries no credentials, so it is answered
-        //    here before auth could 401 it; its headers go on every answer below.
-        let cors = match self.cors.as_ref().map(|c| c.begin(&method, request.headers())) {
-            None => HeaderMap::new(),
-            Some(CorsStep::Continue(headers)) => headers,
-            Some(CorsStep::Answer(response)) => return Ok(response),
-            Some(CorsStep::Reject(rejection)) => return Ok(self.rejected(rejection, instance)),
-        };
-        let outcome = async {
-            // 2. IP restriction: the cheapest refusal, it reads nothing of the request.
-            self.check_ip(client_ip)?;
-            // 3. Size limit: by Content-Length before a body byte is read; else counted while streaming.
-            let body_limit = BodyLimit::apply(self.size_limit.as_ref(), &mut request)?;
-            // 4. Authentication: names the consumer that the rate limit and the upstream need.
-            *consumer = self.auth.authenticate(&mut request).await?;
-            // 5. Rate limit after auth: anonymous floods get 401s without spending a consumer's quota.
-            let rate_headers = self.rate_limit(consumer.as_deref(), client_ip, request.headers()).await?;
-            // 6. Request header rules: after auth (they may use X-Consumer-Username), before validation sees them.
-            self.rewrite_request(request.headers_mut());
-            // 7. OpenAPI validation last: it may buffer the body, which only requests past every cheaper check deserve.
-            self.validate_request(&mut request, &body_limit).await?;
-            // Forward; a failure caused by the streaming size limit is the client's 413, not a 502.
-            let response = forward(request).await.map_err(|e| body_limit.explain(e))?;
-            // Response: validated as the upstream sent it, before the gateway's own changes.
-            let mut response = self.validate_response(&method, instance, response).await?;
-            self.rewrite_response(response.headers_mut());
-            // The gateway's RateLimit-* values replace any the upstream sent:
-            // the client must see the limit it is actually held to.
-            if let Some(rate_headers) = rate_headers {
-                rate_headers.write_to(response.headers_mut());
+        async move {
+            if self.is_empty() {
+                // No policy names a consumer, so a client-sent one never passes.
+                request.headers_mut().remove(X_CONSUMER_USERNAME);
+                return forward(request).await;
             }
-            Ok::<_, Stop>(response)
-        }
-        .await;
-        let mut response = match outcome {
-            Ok(response) => response,
-            Err(Stop::Reject(rejection)) => self.rejected(rejection, instance),
-            Err(Stop::Respond(policy, response)) => {
-                self.count_rejection(policy, response.status());
-                response
+            // The URI's clone shares its bytes; the path is the problem's `instance`.
+            let uri = request.uri().clone();
+            let instance = uri.path();
+            let method = request.method().clone();
+            // 1. CORS first: a preflight carries no credentials, so it is answered
+            //    here before auth could 401 it; its headers go on every answer below.
+            let cors = match self.cors.as_ref().map(|c| c.begin(&method, request.headers())) {
+                None => HeaderMap::new(),
+                Some(CorsStep::Continue(headers)) => headers,
+                Some(CorsStep::Answer(response)) => return Ok(response),
+                Some(CorsStep::Reject(rejection)) => return Ok(self.rejected(rejection, instance)),
+            };
+            let outcome = async {
+                // 2. IP restriction: the cheapest refusal, it reads nothing of the request.
+                self.check_ip(client_ip)?;
+                // 3. Size limit: by Content-Length before a body byte is read; else counted while streaming.
+                let body_limit = BodyLimit::apply(self.size_limit.as_ref(), &mut request)?;
+                // 4. Authentication: names the consumer that the rate limit and the upstream need.
+                *consumer = self.auth.authenticate(&mut request).await?;
+                // 5. Rate limit after auth: anonymous floods get 401s without spending a consumer's quota.
+                let rate_headers = self.rate_limit(consumer.as_deref(), client_ip, request.headers()).await?;
+                // 6. Request header rules: after auth (they may use X-Consumer-Username), before validation sees them.
+                self.rewrite_request(request.headers_mut());
+                // 7. OpenAPI validation last: it may buffer the body, which only requests past every cheaper check deserve.
+                self.validate_request(&mut request, &body_limit).await?;
+                // Forward; a failure caused by the streaming size limit is the client's 413, not a 502.
+                let response = forward(request).await.map_err(|e| body_limit.explain(e))?;
+                // Response: validated as the upstream sent it, before the gateway's own changes.
+                let mut response = self.validate_response(&method, instance, response).await?;
+                self.rewrite_response(response.headers_mut());
+                // The gateway's RateLimit-* values replace any the upstream sent:
+                // the client must see the limit it is actually held to.
+                if let Some(rate_headers) = rate_headers {
+                    rate_headers.write_to(response.headers_mut());
+                }
+                Ok::<_, Stop>(response)
             }
-            Err(Stop::Fail(error)) => return Err(error),
-        };
-        cors::add_headers(response.headers_mut(), cors);
-        Ok(response)
+            .await;
+            let mut response = match outcome {
+                Ok(response) => response,
+                Err(Stop::Reject(rejection)) => self.rejected(rejection, instance),
+                Err(Stop::Respond(policy, response)) => {
+                    self.count_rejection(policy, response.status());
+                    response
+                }
+                Err(Stop::Fail(error)) => return Err(error),
+            };
+            cors::add_headers(response.headers_mut(), cors);
+            Ok(response)
+        }
     }
 
     fn check_ip(&self, client_ip: IpAddr) -> Result<(), Rejection> {

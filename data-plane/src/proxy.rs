@@ -137,11 +137,19 @@ async fn serve_listener(
         let builder = builder.clone();
         let stop_rx = stop_rx.clone();
         let open = open_tx.clone();
-        let tls = tls.clone();
-        tokio::spawn(async move {
-            match tls {
-                None => serve_connection(stream, peer, shared, &builder, stop_rx).await,
-                Some(acceptor) => {
+        // Two task types, not one with a branch: a task is as large as its
+        // largest state, and a plain connection must not carry the room a TLS
+        // handshake and session need (kilobytes per open connection).
+        match &tls {
+            None => {
+                tokio::spawn(async move {
+                    serve_connection(stream, peer, shared, &builder, stop_rx).await;
+                    drop(open);
+                });
+            }
+            Some(acceptor) => {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
                     // The handshake runs in the connection's task so a slow
                     // client never stalls the accept loop; shutdown abandons it.
                     let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream));
@@ -154,10 +162,10 @@ async fn serve_listener(
                         },
                         () = async { let _ = stopping.wait_for(|stop| *stop).await; } => {}
                     }
-                }
+                    drop(open);
+                });
             }
-            drop(open);
-        });
+        }
     }
     drop(listener);
     let _ = stop_tx.send(true);
@@ -237,92 +245,102 @@ impl Peer {
     }
 }
 
-async fn handle(
+/// Not an `async fn`, and neither are the steps it awaits: an async fn's
+/// future holds each argument twice (as passed, and moved into the body),
+/// and hyper keeps this future in a per-connection allocation and moves it
+/// in for every request, so every byte counts once per open connection.
+#[allow(clippy::manual_async_fn, reason = "see the doc comment")]
+fn handle(
     request: Request<Incoming>,
     shared: Arc<Shared>,
     peer: Peer,
     active: ActiveRequest,
-) -> Result<Response<LoggedBody>, Infallible> {
-    let mut exchange = Exchange {
-        active,
-        started: Instant::now(),
-        method: request.method().clone(),
-        uri: request.uri().clone(),
-        api: None,
-        upstream_target: None,
-        consumer: None,
-        status: StatusCode::OK,
-        access_log: shared.options.access_log,
-        in_flight: None,
-        table: None,
-    };
-    let response = match route_and_forward(request, &shared, &peer, &mut exchange).await {
-        Ok(response) => response,
-        Err(error) => {
-            let request_id = format!("{:016x}", rand::random::<u64>());
-            match error.origin() {
-                Origin::Client => debug!(%error, "request rejected"),
-                Origin::Upstream => {
-                    warn!(%error, request_id, api = exchange.api.as_ref().map(|api| api.name.as_str()), "upstream failure")
+) -> impl Future<Output = Result<Response<LoggedBody>, Infallible>> {
+    async move {
+        let mut exchange = Exchange {
+            active,
+            started: Instant::now(),
+            method: request.method().clone(),
+            uri: request.uri().clone(),
+            api: None,
+            upstream_target: None,
+            consumer: None,
+            status: StatusCode::OK,
+            access_log: shared.options.access_log,
+            in_flight: None,
+            table: None,
+        };
+        let response = match route_and_forward(request, &shared, &peer, &mut exchange).await {
+            Ok(response) => response,
+            Err(error) => {
+                let request_id = format!("{:016x}", rand::random::<u64>());
+                match error.origin() {
+                    Origin::Client => debug!(%error, "request rejected"),
+                    Origin::Upstream => {
+                        warn!(%error, request_id, api = exchange.api.as_ref().map(|api| api.name.as_str()), "upstream failure")
+                    }
+                    Origin::Internal => warn!(%error, request_id, "internal proxy error"),
                 }
-                Origin::Internal => warn!(%error, request_id, "internal proxy error"),
+                error.to_response(exchange.uri.path(), &request_id)
             }
-            error.to_response(exchange.uri.path(), &request_id)
-        }
-    };
-    exchange.status = response.status();
-    Ok(response.map(|body| LoggedBody::new(body, exchange)))
+        };
+        exchange.status = response.status();
+        Ok(response.map(|body| LoggedBody::new(body, exchange)))
+    }
 }
 
-async fn route_and_forward(
+#[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see proxy::handle)")]
+fn route_and_forward<'a>(
     request: Request<Incoming>,
-    shared: &Shared,
-    peer: &Peer,
-    exchange: &mut Exchange,
-) -> Result<Response<crate::upstream::ProxyBody>, ProxyError> {
-    // One load per request: the whole request, body streaming included, runs
-    // on this table even if a newer one is swapped in meanwhile.
-    let table = shared.tables.load().ok_or(ProxyError::NotReady)?;
-    exchange.table = Some(table.clone());
-    // HTTP/2 and absolute-form requests carry the host in the URI; HTTP/1.1 in Host.
-    let host = match request.uri().host() {
-        Some(host) => Some(host),
-        None => request.headers().get(header::HOST).and_then(|h| h.to_str().ok()),
-    };
-    let api = match table.route(host, request.uri().path(), request.method()) {
-        Ok(api) => api.clone(),
-        Err(RouteMiss::NotFound) => {
-            return Err(ProxyError::NoRoute {
-                method: exchange.method.to_string(),
-                path: exchange.uri.path().to_string(),
-            });
-        }
-        Err(RouteMiss::MethodNotAllowed { allow }) => match preflight_route(&table, host, &request) {
-            Some(api) => api,
-            None => {
-                return Err(ProxyError::MethodNotAllowed {
+    shared: &'a Shared,
+    peer: &'a Peer,
+    exchange: &'a mut Exchange,
+) -> impl Future<Output = Result<Response<crate::upstream::ProxyBody>, ProxyError>> + 'a {
+    async move {
+        // One load per request: the whole request, body streaming included, runs
+        // on this table even if a newer one is swapped in meanwhile.
+        let table = shared.tables.load().ok_or(ProxyError::NotReady)?;
+        exchange.table = Some(table.clone());
+        // HTTP/2 and absolute-form requests carry the host in the URI; HTTP/1.1 in Host.
+        let host = match request.uri().host() {
+            Some(host) => Some(host),
+            None => request.headers().get(header::HOST).and_then(|h| h.to_str().ok()),
+        };
+        let api = match table.route(host, request.uri().path(), request.method()) {
+            Ok(api) => api.clone(),
+            Err(RouteMiss::NotFound) => {
+                return Err(ProxyError::NoRoute {
                     method: exchange.method.to_string(),
                     path: exchange.uri.path().to_string(),
-                    allow,
                 });
             }
-        },
-    };
-    exchange.api = Some(api.clone());
-    // From here the body may be wrapped by policies (size limit, buffering), which must be able to fail it.
-    let request = request.map(|body| body.map_err(Into::into).boxed());
-    let (api, options) = (api.as_ref(), &shared.options);
-    let mut consumer = None;
-    let result = {
-        let exchange = &mut *exchange;
-        api.policies
-            .apply(request, peer.ip, &mut consumer, move |request| {
-                forward::forward(api, request, peer, options, exchange)
-            })
-            .await
-    };
-    exchange.consumer = consumer;
-    result
+            Err(RouteMiss::MethodNotAllowed { allow }) => match preflight_route(&table, host, &request) {
+                Some(api) => api,
+                None => {
+                    return Err(ProxyError::MethodNotAllowed {
+                        method: exchange.method.to_string(),
+                        path: exchange.uri.path().to_string(),
+                        allow,
+                    });
+                }
+            },
+        };
+        exchange.api = Some(api.clone());
+        // From here the body may be wrapped by policies (size limit, buffering), which must be able to fail it.
+        let request = request.map(|body| body.map_err(Into::into).boxed());
+        let (api, options) = (api.as_ref(), &shared.options);
+        let mut consumer = None;
+        let result = {
+            let exchange = &mut *exchange;
+            api.policies
+                .apply(request, peer.ip, &mut consumer, move |request| {
+                    forward::forward(api, request, peer, options, exchange)
+                })
+                .await
+        };
+        exchange.consumer = consumer;
+        result
+    }
 }
 
 /// A CORS preflight is an OPTIONS request about another method, which the

@@ -283,13 +283,13 @@ impl UpstreamPool {
     /// Sends a request to one of this pool's targets, on a kept-open
     /// connection when there is one. The URI is origin-form for HTTP/1.1
     /// (with a `Host` header), absolute for HTTP/2.
-    pub async fn send(
+    pub fn send(
         &self,
         target: &Arc<Target>,
         request: Request<RequestBody>,
         connect_timeout: Duration,
-    ) -> Result<Response<ProxyBody>, SendError> {
-        self.dialer.send(target, request, connect_timeout).await
+    ) -> impl Future<Output = Result<Response<ProxyBody>, SendError>> {
+        self.dialer.send(target, request, connect_timeout)
     }
 
     /// Picks a target for a request; `None` when no target is available.

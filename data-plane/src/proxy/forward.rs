@@ -3,6 +3,7 @@
 //! target, sends with timeout and bounded retries, and prepares the response
 //! (including the tunnel of an upgraded connection such as a WebSocket).
 
+use futures_util::future::Either;
 use http::header::{self, Entry, HeaderMap, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Method, Request, Response, StatusCode, Uri, Version};
@@ -14,7 +15,7 @@ use super::error::ProxyError;
 use super::log::Exchange;
 use super::{Peer, ProxyOptions};
 use crate::routing::CompiledApi;
-use crate::upstream::{InFlight, ProxyBody, RequestBody, SendError};
+use crate::upstream::{InFlight, ProxyBody, RequestBody, SendError, Target};
 
 /// Headers that describe one hop, never the end-to-end message (RFC 9110 §7.6.1).
 const HOP_BY_HOP: [HeaderName; 8] = [
@@ -31,117 +32,176 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
-pub(super) async fn forward(
-    api: &CompiledApi,
-    mut request: Request<RequestBody>,
-    peer: &Peer,
-    options: &ProxyOptions,
-    exchange: &mut Exchange,
-) -> Result<Response<ProxyBody>, ProxyError> {
-    let upgrade = upgrade_protocol(request.headers());
-    // Must be taken before the request is consumed: it is how hyper hands
-    // over the client's connection once we answer 101.
-    let client_upgrade = upgrade.is_some().then(|| hyper::upgrade::on(&mut request));
-
-    let (parts, body) = request.into_parts();
-    // HTTP/2 carries the host in the URI, HTTP/1.1 in `Host` (whose value is shared, not copied).
-    let original_host = match parts.uri.authority() {
-        Some(authority) => HeaderValue::from_str(authority.as_str()).ok(),
-        None => parts.headers.get(header::HOST).cloned(),
-    };
-    let path_and_query = upstream_path(&api.prefix, api.strip_prefix, &parts.uri)?;
-    let mut headers = parts.headers;
-    strip_hop_by_hop(&mut headers);
-    if let Some(protocol) = &upgrade {
-        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-        headers.insert(header::UPGRADE, protocol.clone());
+/// Forwards the request and returns the upstream's response, ready for the client.
+///
+/// The rewrite happens here, before the future: the future then holds the
+/// rewritten request alone, not it and the client's request (see `proxy::handle`
+/// for why its size matters).
+pub(super) fn forward<'a>(
+    api: &'a CompiledApi,
+    request: Request<RequestBody>,
+    peer: &'a Peer,
+    options: &'a ProxyOptions,
+    exchange: &'a mut Exchange,
+) -> impl Future<Output = Result<Response<ProxyBody>, ProxyError>> + 'a {
+    match Outgoing::rewrite(api, request, peer, options) {
+        Ok(outgoing) => Either::Left(send(api, outgoing, peer, exchange)),
+        Err(error) => Either::Right(std::future::ready(Err(error))),
     }
-    add_forwarding_headers(&mut headers, peer, original_host.as_ref(), options, parts.version);
-    let http2 = api.upstream.http2();
-    if api.preserve_host {
-        if let Some(host) = original_host {
-            headers.insert(header::HOST, host);
+}
+
+/// The client's request rewritten for the upstream, up to what depends on the target.
+struct Outgoing {
+    method: Method,
+    path_and_query: PathAndQuery,
+    headers: HeaderMap,
+    /// Taken by the attempt that sends it; see `replayable`.
+    body: Option<RequestBody>,
+    /// A request without a body can be re-sent as is; one with a streamed
+    /// body cannot (the first attempt consumes it), so it is never retried.
+    replayable: bool,
+    /// How hyper hands over the client's connection once we answer 101.
+    client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+}
+
+impl Outgoing {
+    fn rewrite(
+        api: &CompiledApi,
+        mut request: Request<RequestBody>,
+        peer: &Peer,
+        options: &ProxyOptions,
+    ) -> Result<Self, ProxyError> {
+        let upgrade = upgrade_protocol(request.headers());
+        // Must be taken before the request is consumed.
+        let client_upgrade = upgrade.is_some().then(|| hyper::upgrade::on(&mut request));
+        let (parts, body) = request.into_parts();
+        // HTTP/2 carries the host in the URI, HTTP/1.1 in `Host` (whose value is shared, not copied).
+        let original_host = match parts.uri.authority() {
+            Some(authority) => HeaderValue::from_str(authority.as_str()).ok(),
+            None => parts.headers.get(header::HOST).cloned(),
+        };
+        let path_and_query = upstream_path(&api.prefix, api.strip_prefix, &parts.uri)?;
+        let mut headers = parts.headers;
+        strip_hop_by_hop(&mut headers);
+        if let Some(protocol) = upgrade {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+            headers.insert(header::UPGRADE, protocol);
         }
-    } else {
-        headers.remove(header::HOST);
+        add_forwarding_headers(&mut headers, peer, original_host.as_ref(), options, parts.version);
+        if api.preserve_host {
+            if let Some(host) = original_host {
+                headers.insert(header::HOST, host);
+            }
+        } else {
+            headers.remove(header::HOST);
+        }
+        Ok(Outgoing {
+            method: parts.method,
+            path_and_query,
+            headers,
+            replayable: body.is_end_stream(),
+            body: Some(body),
+            client_upgrade,
+        })
     }
-    let version = if http2 { Version::HTTP_2 } else { Version::HTTP_11 };
 
-    // A request without a body can be re-sent as is; one with a streamed body
-    // cannot (it is consumed by the first attempt), so it is never retried.
-    let replayable = body.is_end_stream();
-    let mut body = Some(body);
-    let idempotent = matches!(
-        parts.method,
-        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
-    );
-    let pool = &api.upstream;
-    pool.deposit_retry_budget();
-    let mut attempt = 0;
-    loop {
-        let target = pool
-            .pick(Some(peer.ip), &headers)
-            .ok_or_else(|| ProxyError::NoHealthyTarget { upstream: pool.name.clone() })?;
-        exchange.upstream_target = Some(target.clone());
-        let in_flight = InFlight::new(target.clone());
+    fn idempotent(&self) -> bool {
+        matches!(
+            self.method,
+            Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+        )
+    }
+
+    /// The request of one attempt on `target`. Only an attempt that may be
+    /// followed by a retry (`keep_headers`) copies the headers; the usual
+    /// single attempt hands them over.
+    fn for_target(
+        &mut self,
+        target: &Target,
+        http2: bool,
+        preserve_host: bool,
+        keep_headers: bool,
+    ) -> Result<Request<RequestBody>, ProxyError> {
         // HTTP/2 names the target in the URI, HTTP/1.1 in `Host` (origin-form URI).
         let uri = if http2 {
             Uri::builder()
                 .scheme(target.scheme.clone())
                 .authority(target.authority.clone())
-                .path_and_query(path_and_query.clone())
+                .path_and_query(self.path_and_query.clone())
                 .build()
                 .map_err(|e| ProxyError::Internal(format!("cannot build upstream URI: {e}")))?
         } else {
-            Uri::from(path_and_query.clone())
+            Uri::from(self.path_and_query.clone())
         };
-        let outgoing_body = match body.take() {
-            Some(incoming) if !replayable => incoming,
+        let body = match self.body.take() {
+            Some(incoming) if !self.replayable => incoming,
             _ => Empty::new().map_err(|never| match never {}).boxed(),
         };
-        let mut outgoing = Request::new(outgoing_body);
-        *outgoing.method_mut() = parts.method.clone();
-        *outgoing.uri_mut() = uri;
-        *outgoing.version_mut() = version;
-        // Only an attempt that may be followed by a retry needs to keep the
-        // headers; the usual single attempt hands them over without a copy.
-        let may_retry = idempotent && replayable && attempt < api.retries;
-        *outgoing.headers_mut() = if may_retry { headers.clone() } else { std::mem::take(&mut headers) };
-        if !http2 && (!api.preserve_host || !outgoing.headers().contains_key(header::HOST)) {
-            outgoing.headers_mut().insert(header::HOST, target.host_header.clone());
+        let mut request = Request::new(body);
+        *request.method_mut() = self.method.clone();
+        *request.uri_mut() = uri;
+        *request.version_mut() = if http2 { Version::HTTP_2 } else { Version::HTTP_11 };
+        *request.headers_mut() = if keep_headers { self.headers.clone() } else { std::mem::take(&mut self.headers) };
+        if !http2 && (!preserve_host || !request.headers().contains_key(header::HOST)) {
+            request.headers_mut().insert(header::HOST, target.host_header.clone());
         }
+        Ok(request)
+    }
+}
 
-        match tokio::time::timeout(api.request_timeout, pool.send(&target, outgoing, api.connect_timeout)).await {
-            Ok(Ok(response)) => {
-                if matches!(
-                    response.status(),
-                    StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT
-                ) {
+/// Sends to a target picked per attempt, with the request timeout and bounded retries.
+#[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see proxy::handle)")]
+fn send<'a>(
+    api: &'a CompiledApi,
+    mut outgoing: Outgoing,
+    peer: &'a Peer,
+    exchange: &'a mut Exchange,
+) -> impl Future<Output = Result<Response<ProxyBody>, ProxyError>> + 'a {
+    async move {
+        let (pool, http2) = (&api.upstream, api.upstream.http2());
+        let idempotent = outgoing.idempotent();
+        pool.deposit_retry_budget();
+        let mut attempt = 0;
+        loop {
+            let target = pool
+                .pick(Some(peer.ip), &outgoing.headers)
+                .ok_or_else(|| ProxyError::NoHealthyTarget { upstream: pool.name.clone() })?;
+            exchange.upstream_target = Some(target.clone());
+            let in_flight = InFlight::new(target.clone());
+            let may_retry = idempotent && outgoing.replayable && attempt < api.retries;
+            let request = outgoing.for_target(&target, http2, api.preserve_host, may_retry)?;
+            match tokio::time::timeout(api.request_timeout, pool.send(&target, request, api.connect_timeout)).await {
+                Ok(Ok(response)) => {
+                    if matches!(
+                        response.status(),
+                        StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT
+                    ) {
+                        pool.record_failure(&target);
+                    } else {
+                        pool.record_success(&target);
+                    }
+                    return Ok(finish_response(response, outgoing.client_upgrade.take(), in_flight, exchange));
+                }
+                Ok(Err(error)) => {
                     pool.record_failure(&target);
-                } else {
-                    pool.record_success(&target);
+                    if error.may_resend() && may_retry && pool.withdraw_retry() {
+                        attempt += 1;
+                        tracing::debug!(upstream = %pool.name, target = %target.url, attempt, %error, "no response; retrying");
+                        continue;
+                    }
+                    let (target, reason) = (target.url.clone(), error.to_string());
+                    return Err(match error {
+                        SendError::Connect(_) => ProxyError::Connect { target, reason },
+                        SendError::Exchange(_) => ProxyError::Upstream { target, reason },
+                    });
                 }
-                return Ok(finish_response(response, client_upgrade, in_flight, exchange));
-            }
-            Ok(Err(error)) => {
-                pool.record_failure(&target);
-                if error.may_resend() && may_retry && pool.withdraw_retry() {
-                    attempt += 1;
-                    tracing::debug!(upstream = %pool.name, target = %target.url, attempt, %error, "no response; retrying");
-                    continue;
+                Err(_) => {
+                    pool.record_failure(&target);
+                    return Err(ProxyError::Timeout {
+                        target: target.url.clone(),
+                        timeout_ms: api.request_timeout.as_millis(),
+                    });
                 }
-                let (target, reason) = (target.url.clone(), error.to_string());
-                return Err(match error {
-                    SendError::Connect(_) => ProxyError::Connect { target, reason },
-                    SendError::Exchange(_) => ProxyError::Upstream { target, reason },
-                });
-            }
-            Err(_) => {
-                pool.record_failure(&target);
-                return Err(ProxyError::Timeout {
-                    target: target.url.clone(),
-                    timeout_ms: api.request_timeout.as_millis(),
-                });
             }
         }
     }

@@ -15,6 +15,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futures_util::FutureExt as _;
 use http::{Request, Response, StatusCode, Uri};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt as _;
@@ -157,64 +158,73 @@ impl Dialer {
     ///
     /// HTTP/1.1 wants an origin-form URI (`/path?query`) and a `Host` header;
     /// HTTP/2 an absolute URI.
-    pub async fn send(
+    ///
+    /// Not an `async fn`, so the request is held once in the future, not
+    /// twice (see `proxy::handle`); nor is `send_h2`.
+    #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see proxy::handle)")]
+    pub fn send(
         &self,
         target: &Arc<Target>,
         mut request: Request<RequestBody>,
         connect_timeout: Duration,
-    ) -> Result<Response<ProxyBody>, SendError> {
-        if self.http2 {
-            return self.send_h2(target, request, connect_timeout).await;
-        }
-        loop {
-            let (mut sender, reused) = match target.connections.take_idle() {
-                Some(sender) => (sender, true),
-                // Boxed: the rare connect path would otherwise make every
-                // request's future kilobytes larger, copied at each move.
-                None => (Box::pin(self.dial_h1(&target.origin, connect_timeout)).await?, false),
-            };
-            if let Err(e) = sender.ready().await {
-                if reused {
-                    continue;
-                }
-                return Err(SendError::Exchange(e));
+    ) -> impl Future<Output = Result<Response<ProxyBody>, SendError>> {
+        async move {
+            if self.http2 {
+                return self.send_h2(target, request, connect_timeout).await;
             }
-            match sender.try_send_request(request).await {
-                Ok(response) => return Ok(release_when_done(response, sender, target)),
-                Err(e) => request = resend_or_fail(e, reused)?,
+            loop {
+                let (mut sender, reused) = match target.connections.take_idle() {
+                    Some(sender) => (sender, true),
+                    // Boxed: the rare connect path would otherwise make every
+                    // request's future kilobytes larger, copied at each move.
+                    None => (Box::pin(self.dial_h1(&target.origin, connect_timeout)).await?, false),
+                };
+                if let Err(e) = sender.ready().await {
+                    if reused {
+                        continue;
+                    }
+                    return Err(SendError::Exchange(e));
+                }
+                match sender.try_send_request(request).await {
+                    Ok(response) => return Ok(release_when_done(response, sender, target)),
+                    Err(e) => request = resend_or_fail(e, reused)?,
+                }
             }
         }
     }
 
-    async fn send_h2(
+    #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see proxy::handle)")]
+    fn send_h2(
         &self,
         target: &Target,
         mut request: Request<RequestBody>,
         connect_timeout: Duration,
-    ) -> Result<Response<ProxyBody>, SendError> {
-        let shared_h2 = &target.connections.shared_h2;
-        loop {
-            let (mut sender, reused) = {
-                let mut shared = shared_h2.lock().await;
-                match shared.as_ref().filter(|s| !s.is_closed()) {
-                    Some(sender) => (sender.clone(), true),
-                    None => {
-                        let sender = Box::pin(self.dial_h2(&target.origin, connect_timeout)).await?;
-                        *shared = Some(sender.clone());
-                        (sender, false)
+    ) -> impl Future<Output = Result<Response<ProxyBody>, SendError>> {
+        async move {
+            let shared_h2 = &target.connections.shared_h2;
+            loop {
+                let (mut sender, reused) = {
+                    let mut shared = shared_h2.lock().await;
+                    match shared.as_ref().filter(|s| !s.is_closed()) {
+                        Some(sender) => (sender.clone(), true),
+                        None => {
+                            let sender = Box::pin(self.dial_h2(&target.origin, connect_timeout)).await?;
+                            *shared = Some(sender.clone());
+                            (sender, false)
+                        }
                     }
+                };
+                if let Err(e) = sender.ready().await {
+                    if reused {
+                        shared_h2.lock().await.take();
+                        continue;
+                    }
+                    return Err(SendError::Exchange(e));
                 }
-            };
-            if let Err(e) = sender.ready().await {
-                if reused {
-                    shared_h2.lock().await.take();
-                    continue;
+                match sender.try_send_request(request).await {
+                    Ok(response) => return Ok(response.map(|body| body.boxed())),
+                    Err(e) => request = resend_or_fail(e, reused)?,
                 }
-                return Err(SendError::Exchange(e));
-            }
-            match sender.try_send_request(request).await {
-                Ok(response) => return Ok(response.map(|body| body.boxed())),
-                Err(e) => request = resend_or_fail(e, reused)?,
             }
         }
     }
@@ -229,15 +239,12 @@ impl Dialer {
     }
 
     async fn dial_h1(&self, origin: &Uri, timeout: Duration) -> Result<http1::SendRequest<RequestBody>, SendError> {
-        let stream = self.connect(origin, timeout).await?;
-        let (sender, connection) = http1::Builder::new().handshake(stream).await.map_err(SendError::Exchange)?;
-        tokio::spawn(async move {
-            // Upgrades: a 101 hands the connection over to the tunnel.
-            if let Err(e) = connection.with_upgrades().await {
-                tracing::debug!(error = %error_chain(&e), "upstream connection ended with an error");
-            }
-        });
-        Ok(sender)
+        // Unwrapped, so a plain target's connection task does not carry
+        // room for a TLS session (about a kilobyte per open connection).
+        match self.connect(origin, timeout).await? {
+            MaybeHttpsStream::Http(tcp) => handshake_h1(tcp).await,
+            MaybeHttpsStream::Https(tls) => handshake_h1(tls).await,
+        }
     }
 
     async fn dial_h2(&self, origin: &Uri, timeout: Duration) -> Result<http2::SendRequest<RequestBody>, SendError> {
@@ -254,6 +261,22 @@ impl Dialer {
         });
         Ok(sender)
     }
+}
+
+/// The HTTP/1.1 handshake on a connected stream; the connection is then driven by its own task.
+async fn handshake_h1<S>(stream: S) -> Result<http1::SendRequest<RequestBody>, SendError>
+where
+    S: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let (sender, connection) = http1::Builder::new().handshake(stream).await.map_err(SendError::Exchange)?;
+    // Upgrades: a 101 hands the connection over to the tunnel. A combinator,
+    // not an async block, which would hold the connection twice.
+    tokio::spawn(connection.with_upgrades().map(|result| {
+        if let Err(e) = result {
+            tracing::debug!(error = %error_chain(&e), "upstream connection ended with an error");
+        }
+    }));
+    Ok(sender)
 }
 
 /// A request hyper handed back unsent may go again, if the connection was a
