@@ -172,9 +172,6 @@ impl PolicyChain {
     /// that refuses answers with problem details, and the upstream sees
     /// nothing. `consumer` is set once authentication has named one (for the
     /// access log), even if a later policy refuses the request.
-    ///
-    /// Not an `async fn`, so the request is held once in the future, not
-    /// twice (see `proxy::handle`).
     #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see proxy::handle)")]
     pub fn apply<F, Fut>(
         &self,

@@ -158,9 +158,6 @@ impl Dialer {
     ///
     /// HTTP/1.1 wants an origin-form URI (`/path?query`) and a `Host` header;
     /// HTTP/2 an absolute URI.
-    ///
-    /// Not an `async fn`, so the request is held once in the future, not
-    /// twice (see `proxy::handle`); nor is `send_h2`.
     #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see proxy::handle)")]
     pub fn send(
         &self,
@@ -254,11 +251,7 @@ impl Dialer {
             .handshake(stream)
             .await
             .map_err(SendError::Exchange)?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %error_chain(&e), "upstream connection ended with an error");
-            }
-        });
+        tokio::spawn(connection.map(log_connection_end));
         Ok(sender)
     }
 }
@@ -271,12 +264,14 @@ where
     let (sender, connection) = http1::Builder::new().handshake(stream).await.map_err(SendError::Exchange)?;
     // Upgrades: a 101 hands the connection over to the tunnel. A combinator,
     // not an async block, which would hold the connection twice.
-    tokio::spawn(connection.with_upgrades().map(|result| {
-        if let Err(e) = result {
-            tracing::debug!(error = %error_chain(&e), "upstream connection ended with an error");
-        }
-    }));
+    tokio::spawn(connection.with_upgrades().map(log_connection_end));
     Ok(sender)
+}
+
+fn log_connection_end(result: Result<(), hyper::Error>) {
+    if let Err(e) = result {
+        tracing::debug!(error = %error_chain(&e), "upstream connection ended with an error");
+    }
 }
 
 /// A request hyper handed back unsent may go again, if the connection was a
