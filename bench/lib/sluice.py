@@ -64,9 +64,9 @@ class Sluice:
                 "--ops-addr", "127.0.0.1:0", "--node-id", node_id, "--access-log", "off"]
         if snapshot_cache:
             argv += ["--snapshot-cache", str(self.workdir / f"{node_id}.snapshot")]
-        # tokio sizes its worker pool from the CPU affinity; the env var makes it explicit.
+        # Sluice sizes its proxy workers from the CPU affinity; the env var makes it explicit.
         proc = procs.start(node_id, argv, self.workdir, cpus=self.gateway_cpus,
-                           env={"RUST_LOG": "warn", "TOKIO_WORKER_THREADS": str(self.gateway_cores)})
+                           env={"RUST_LOG": "warn", "SLUICE_WORKER_THREADS": str(self.gateway_cores)})
         bound = proc.first_json_line(timeout=120 if wrapper else 30)
         dp = DataPlane(proc, node_id, bound["http_addr"], bound["https_addr"], bound["ops_addr"])
         self.dps.append(dp)

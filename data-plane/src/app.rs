@@ -7,17 +7,19 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt as _;
+use futures_util::stream::FuturesUnordered;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Serialize;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tracing::{error, info, warn};
 
 use crate::backoff::Backoff;
 use crate::ops;
 use crate::policy::PolicyContext;
 use crate::policy::rate_limit::{RateLimitContext, RateLimitError};
-use crate::proxy::{self, ProxyOptions};
+use crate::proxy::{ProxyOptions, workers};
 use crate::routing::TableStore;
 use crate::settings::{self, Settings};
 use crate::sync::{SyncClient, SyncError, SyncOptions, SyncState};
@@ -61,6 +63,7 @@ pub struct App {
     sync_state: Arc<SyncState>,
     metrics: PrometheusHandle,
     proxy_options: ProxyOptions,
+    proxy_workers: usize,
     shutdown_grace: Duration,
 }
 
@@ -71,6 +74,8 @@ impl App {
     pub async fn build(settings: Settings) -> Result<App, AppError> {
         let metrics = ops::metrics_handle();
         let node_id = settings.resolved_node_id();
+        // Before any snapshot is compiled: upstream pools keep a stack per worker.
+        workers::plan(settings.proxy_workers());
         let tables = Arc::new(TableStore::with_context(policy_context(&settings)?));
 
         let http_listener = bind("http", settings.http_addr).await?;
@@ -112,6 +117,7 @@ impl App {
                 idle_timeout: settings.client_idle_timeout(),
                 ..ProxyOptions::default()
             },
+            proxy_workers: workers::count(),
             shutdown_grace: settings.shutdown_grace(),
         })
     }
@@ -137,6 +143,8 @@ impl App {
     /// lets in-flight requests finish up to the grace period, and returns.
     pub async fn run_until(self, stop: impl Future<Output = ()>) -> Result<(), AppError> {
         let (stop_tx, stop_rx) = watch::channel(false);
+        let (end_tx, end_rx) = watch::channel(false);
+        let proxy_stop = workers::Stop { drain: stop_rx.clone(), end: end_rx };
         let stopped = move || {
             let mut rx = stop_rx.clone();
             async move {
@@ -145,21 +153,18 @@ impl App {
             }
         };
 
-        let mut proxy =
-            tokio::spawn(proxy::serve(self.http_listener, self.tables.clone(), self.proxy_options, stopped()));
-        let mut https = tokio::spawn(proxy::serve_tls(
-            self.https_listener,
-            self.tables.clone(),
-            self.proxy_options,
-            self.tls_config,
-            stopped(),
-        ));
+        let listeners =
+            workers::Listeners { http: self.http_listener, https: self.https_listener, tls: self.tls_config };
+        let ends = workers::start(self.proxy_workers, listeners, self.tables.clone(), self.proxy_options, &proxy_stop)
+            .map_err(|source| AppError::Serve { listener: "proxy", source })?;
+        let mut proxy: FuturesUnordered<_> = ends.into_iter().collect();
         let mut ops = tokio::spawn(ops::serve(self.ops_listener, self.tables.clone(), self.metrics, stopped()));
         let mut sync = tokio::spawn(self.sync.run(stopped()));
         info!(
             http_addr = %self.bound.http_addr,
             https_addr = %self.bound.https_addr,
             ops_addr = %self.bound.ops_addr,
+            proxy_workers = self.proxy_workers,
             "data plane running"
         );
 
@@ -168,35 +173,30 @@ impl App {
         let mut failure = None;
         tokio::select! {
             () = stop => info!("shutdown requested; draining in-flight requests"),
-            result = &mut proxy => {
-                failure = Some(task_failure("http", result.map(|r| r.map_err(|source| AppError::Serve { listener: "http", source }))));
-            }
-            result = &mut https => {
-                failure = Some(task_failure("https", result.map(|r| r.map_err(|source| AppError::Serve { listener: "https", source }))));
-            }
+            Some(end) = proxy.next() => failure = worker_failure(end),
             result = &mut ops => {
-                failure = Some(task_failure("ops", result.map(|r| r.map_err(|source| AppError::Serve { listener: "ops", source }))));
+                failure = task_failure("ops", result.map(|r| r.map_err(|source| AppError::Serve { listener: "ops", source })));
             }
         }
         let _ = stop_tx.send(true);
 
-        // Both proxy listeners drain side by side within one grace period.
+        // Every proxy worker drains both listeners within one grace period.
         let drained = async {
-            if !proxy.is_finished() {
-                let _ = (&mut proxy).await;
-            }
-            if !https.is_finished() {
-                let _ = (&mut https).await;
+            while let Some(end) = proxy.next().await {
+                if !matches!(end, Ok(Ok(()))) {
+                    failure = failure.take().or_else(|| worker_failure(end));
+                }
             }
         };
         match tokio::time::timeout(self.shutdown_grace, drained).await {
             Ok(()) => info!("in-flight requests finished"),
             Err(_) => {
                 warn!(grace_secs = self.shutdown_grace.as_secs(), "grace period over; dropping remaining requests");
-                proxy.abort();
-                https.abort();
+                let _ = end_tx.send(true);
+                while proxy.next().await.is_some() {}
             }
         }
+        let _ = end_tx.send(true);
         if !ops.is_finished() && tokio::time::timeout(OPS_GRACE, &mut ops).await.is_err() {
             ops.abort();
         }
@@ -204,17 +204,24 @@ impl App {
             sync.abort();
         }
         info!("data plane stopped");
-        match failure.flatten() {
+        match failure {
             Some(e) => Err(e),
             None => Ok(()),
         }
     }
 }
 
+/// Maps a proxy worker's end into an error worth returning (None for a
+/// clean end): its listener failed, or it panicked (its sender is gone).
+fn worker_failure(end: Result<std::io::Result<()>, oneshot::error::RecvError>) -> Option<AppError> {
+    let end = end.map(|result| result.map_err(|source| AppError::Serve { listener: "proxy", source }));
+    task_failure("proxy", end.map_err(|_| "its thread panicked"))
+}
+
 /// Maps a server task's end into an error worth returning (None for a clean end).
 fn task_failure<T, E: Into<AppError>>(
     listener: &'static str,
-    result: Result<Result<T, E>, tokio::task::JoinError>,
+    result: Result<Result<T, E>, impl std::fmt::Display>,
 ) -> Option<AppError> {
     match result {
         Ok(Ok(_)) => {

@@ -11,11 +11,10 @@ use tracing_subscriber::EnvFilter;
 
 fn main() -> anyhow::Result<()> {
     let settings = Settings::parse();
-    let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    if settings.worker_threads > 0 {
-        runtime.worker_threads(settings.worker_threads);
-    }
-    runtime.enable_all().build().context("starting the async runtime")?.block_on(run(settings))
+    // Traffic is served by the proxy's own worker threads (`proxy::workers`);
+    // this runtime runs the control work beside them: sync, ops, health checks.
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build();
+    runtime.context("starting the async runtime")?.block_on(run(settings))
 }
 
 async fn run(settings: Settings) -> anyhow::Result<()> {

@@ -10,6 +10,7 @@ mod forward;
 mod idle;
 mod log;
 mod metrics;
+pub mod workers;
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};

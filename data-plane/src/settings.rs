@@ -91,8 +91,9 @@ pub struct Settings {
     #[arg(long, env = "SLUICE_CLIENT_IDLE_TIMEOUT_SECS", default_value_t = DEFAULT_IDLE_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
     pub client_idle_timeout_secs: u64,
 
-    /// Threads serving traffic; 0 (the default) means one per CPU core the
-    /// process may use. Fewer leave cores to other processes on the host.
+    /// Threads serving traffic (each runs its own event loop, see
+    /// `proxy::workers`); 0 (the default) means one per CPU core the process
+    /// may use. Fewer leave cores to other processes on the host.
     #[arg(long, env = "SLUICE_WORKER_THREADS", default_value_t = 0)]
     pub worker_threads: usize,
 
@@ -144,6 +145,15 @@ impl Settings {
 
     pub fn client_idle_timeout(&self) -> Duration {
         Duration::from_secs(self.client_idle_timeout_secs)
+    }
+
+    /// The proxy worker threads to start: `--worker-threads`, or one per
+    /// core this process may use (its CPU affinity and cgroup quota).
+    pub fn proxy_workers(&self) -> usize {
+        match self.worker_threads {
+            0 => std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
+            n => n,
+        }
     }
 
     pub fn shutdown_grace(&self) -> Duration {

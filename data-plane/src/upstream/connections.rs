@@ -65,11 +65,14 @@ impl SendError {
 }
 
 /// The connections of one target.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Connections {
-    /// Idle HTTP/1.1 connections, the most recently used at the back: taking
-    /// from the back keeps a small set warm and lets the rest expire.
-    idle: Mutex<VecDeque<IdleConnection>>,
+    /// Idle HTTP/1.1 connections, one stack per proxy worker (see
+    /// `proxy::workers`): a connection's task runs on the worker that opened
+    /// it, so a request reuses only its own worker's connections and never
+    /// wakes another thread. In each stack the most recently used is at the
+    /// back: taking from the back keeps a small set warm and lets the rest expire.
+    idle: Box<[Mutex<VecDeque<IdleConnection>>]>,
     /// The HTTP/2 connection; an async lock, so concurrent first requests
     /// wait for one handshake instead of each opening a connection.
     shared_h2: tokio::sync::Mutex<Option<http2::SendRequest<RequestBody>>>,
@@ -81,9 +84,24 @@ struct IdleConnection {
     expires: Instant,
 }
 
+impl Default for Connections {
+    fn default() -> Self {
+        let stacks = crate::proxy::workers::count();
+        Connections { idle: (0..stacks).map(|_| Mutex::default()).collect(), shared_h2: Default::default() }
+    }
+}
+
 impl Connections {
+    /// This worker's idle stack. Should the stacks be fewer than the workers
+    /// (pools built before the count was planned), workers share stacks: that
+    /// costs locality, never correctness (see `proxy::workers::Stop`).
+    fn local_idle(&self) -> std::sync::MutexGuard<'_, VecDeque<IdleConnection>> {
+        let stack = &self.idle[crate::proxy::workers::current() % self.idle.len()];
+        stack.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     fn take_idle(&self) -> Option<http1::SendRequest<RequestBody>> {
-        let mut idle = self.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut idle = self.local_idle();
         let now = Instant::now();
         while let Some(connection) = idle.pop_back() {
             if !connection.sender.is_closed() && now < connection.expires {
@@ -99,7 +117,7 @@ impl Connections {
             return;
         }
         let now = Instant::now();
-        let mut idle = self.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut idle = self.local_idle();
         idle.push_back(IdleConnection { sender, expires: now + keep_for });
         // The oldest sit at the front; trimming here bounds the stack without a timer.
         while idle.front().is_some_and(|c| c.expires <= now) {
@@ -111,8 +129,10 @@ impl Connections {
     /// connection task).
     fn close_expired(&self) {
         let now = Instant::now();
-        let mut idle = self.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        idle.retain(|c| !c.sender.is_closed() && now < c.expires);
+        for stack in &self.idle {
+            let mut idle = stack.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            idle.retain(|c| !c.sender.is_closed() && now < c.expires);
+        }
     }
 }
 

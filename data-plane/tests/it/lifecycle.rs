@@ -46,3 +46,44 @@ async fn sigterm_finishes_in_flight_requests_then_exits() -> Result<()> {
     assert!(client().get(dp.url("/after")).send().await.is_err());
     Ok(())
 }
+
+#[tokio::test]
+async fn proxy_workers_all_serve_and_sigterm_drops_requests_past_the_grace() -> Result<()> {
+    let upstream = Upstream::start("slow").await?;
+    let mut cp = FakeControlPlane::start().await?;
+    let mut dp = DataPlane::start(&cp.url(), &["--worker-threads", "3"]).await?;
+    let mut conn = cp.accept().await?;
+    conn.push(snapshot(1, &[upstream.url()])).await?;
+    conn.ack().await?;
+
+    // A client per request: each connection goes to whichever worker accepts it.
+    for i in 0..12 {
+        let response = client().get(dp.url(&format!("/items/{i}"))).send().await?;
+        assert_eq!(response.status().as_u16(), 200, "request {i}");
+    }
+    // Reused upstream connections stay with their worker; a keep-alive
+    // client on one connection is answered every time.
+    let keep_alive = client();
+    for i in 0..20 {
+        assert_eq!(keep_alive.get(dp.url(&format!("/again/{i}"))).send().await?.status().as_u16(), 200);
+    }
+    assert!(dp.process.stderr().contains("\"proxy_workers\":3"), "stderr:\n{}", dp.process.stderr());
+
+    // Past the 5 s grace, what is still in flight is dropped and the process exits.
+    let stuck = tokio::spawn(client().get(dp.url("/slow?delay_ms=30000")).send());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    dp.process.terminate()?;
+    let status = tokio::time::timeout(Duration::from_secs(15), dp.process.child.wait()).await??;
+    let took = started.elapsed();
+    assert!(status.success(), "exit status {status:?}; stderr:\n{}", dp.process.stderr());
+    assert!(
+        took >= Duration::from_secs(4) && took < Duration::from_secs(9),
+        "shutdown took {took:?}; stderr:\n{}",
+        dp.process.stderr()
+    );
+    let dropped = stuck.await?.expect_err("a request past the grace gets no answer");
+    assert!(!dropped.is_timeout(), "the connection closes at the grace, not at the client's timeout: {dropped}");
+    assert!(dp.process.stderr().contains("grace period over"), "stderr:\n{}", dp.process.stderr());
+    Ok(())
+}

@@ -1,0 +1,132 @@
+//! Thread per core: the proxy listeners are served by a set of worker
+//! threads, each with a single-threaded Tokio runtime of its own, instead of
+//! by one work-stealing runtime.
+//!
+//! Why: a proxied request is two connections (client and upstream) handing
+//! work to each other. On a work-stealing runtime their tasks drift apart
+//! across threads, and every hand-off between threads is a wake-up through
+//! the kernel. Here a client connection, the upstream connections it uses
+//! (each worker keeps its own idle ones, see [`current`]) and their timers
+//! all live on one thread, as in nginx or Envoy.
+//!
+//! Every worker accepts on its own copy (`dup`) of each listening socket; the
+//! first worker free to accept takes a new connection, so a busy worker gets
+//! fewer. Control work (sync, ops, health checks) stays on the main runtime.
+
+use std::cell::Cell;
+use std::num::NonZero;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread;
+
+use tokio::net::TcpListener;
+use tokio::sync::{oneshot, watch};
+
+use super::{ProxyOptions, serve, serve_tls};
+use crate::routing::TableStore;
+
+thread_local! {
+    static WORKER: Cell<usize> = const { Cell::new(0) };
+}
+
+/// How many workers this process runs; 0 until [`plan`] says.
+static PLANNED: AtomicUsize = AtomicUsize::new(0);
+
+/// Records how many workers the process will start, before anything that
+/// sizes per-worker state (a snapshot's upstream pools) is built.
+pub fn plan(count: usize) {
+    PLANNED.store(count.max(1), Ordering::Relaxed);
+}
+
+/// The workers planned, or one per core where nobody planned (tests and
+/// tools that serve on a runtime of their own).
+pub fn count() -> usize {
+    match PLANNED.load(Ordering::Relaxed) {
+        0 => thread::available_parallelism().map_or(1, NonZero::get),
+        n => n,
+    }
+}
+
+/// The proxy worker this thread is, counting from 0; 0 off the workers too.
+pub fn current() -> usize {
+    WORKER.with(Cell::get)
+}
+
+/// What the workers serve.
+pub struct Listeners {
+    pub http: TcpListener,
+    pub https: TcpListener,
+    pub tls: Arc<rustls::ServerConfig>,
+}
+
+/// How the workers are told to stop: `drain` asks them to stop accepting
+/// and finish in-flight requests; `end` drops whatever is left and ends the
+/// threads. A drained worker keeps running until `end`: a connection to an
+/// upstream lives on the worker that opened it, and may still carry another
+/// worker's request (the one HTTP/2 connection per target is shared).
+pub struct Stop {
+    pub drain: watch::Receiver<bool>,
+    pub end: watch::Receiver<bool>,
+}
+
+/// Starts `count` workers serving both listeners. Each returned receiver
+/// yields its worker's end: `Ok` once drained (or ended), `Err` if its
+/// listener failed; a dropped sender means the worker panicked.
+pub fn start(
+    count: usize,
+    listeners: Listeners,
+    tables: Arc<TableStore>,
+    options: ProxyOptions,
+    stop: &Stop,
+) -> std::io::Result<Vec<oneshot::Receiver<std::io::Result<()>>>> {
+    let http = listeners.http.into_std()?;
+    let https = listeners.https.into_std()?;
+    let mut ends = Vec::with_capacity(count);
+    for index in 0..count.max(1) {
+        let (http, https) = (http.try_clone()?, https.try_clone()?);
+        let (tables, tls) = (tables.clone(), listeners.tls.clone());
+        let (drain, end) = (stop.drain.clone(), stop.end.clone());
+        let (end_tx, end_rx) = oneshot::channel();
+        thread::Builder::new().name(format!("sluice-proxy-{index}")).spawn(move || {
+            WORKER.with(|worker| worker.set(index));
+            let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(runtime) => runtime,
+                Err(e) => {
+                    let _ = end_tx.send(Err(e));
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                let served = tokio::select! {
+                    served = serve_both(http, https, tables, options, tls, drain) => served,
+                    () = stopped(end.clone()) => Ok(()),
+                };
+                let _ = end_tx.send(served);
+                stopped(end).await;
+            });
+            // Dropping the runtime here drops the connections still open.
+        })?;
+        ends.push(end_rx);
+    }
+    Ok(ends)
+}
+
+/// One worker's share: both listeners, on this thread's runtime.
+async fn serve_both(
+    http: std::net::TcpListener,
+    https: std::net::TcpListener,
+    tables: Arc<TableStore>,
+    options: ProxyOptions,
+    tls: Arc<rustls::ServerConfig>,
+    drain: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let http = serve(TcpListener::from_std(http)?, tables.clone(), options, stopped(drain.clone()));
+    let https = serve_tls(TcpListener::from_std(https)?, tables, options, tls, stopped(drain));
+    let (http, https) = tokio::join!(http, https);
+    http.and(https)
+}
+
+async fn stopped(mut signal: watch::Receiver<bool>) {
+    // An error means the sender is gone, which also means stop.
+    let _ = signal.wait_for(|stop| *stop).await;
+}
