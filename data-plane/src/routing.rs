@@ -222,8 +222,32 @@ impl TableStore {
         let compile_time = started.elapsed();
         let version = table.version;
         self.current.store(Some(Arc::new(table)));
+        if let Some(previous) = previous {
+            retire(previous);
+        }
         Ok(ApplyOutcome::Swapped { version, compile_time })
     }
+}
+
+/// How often a replaced table is first checked for requests still on it.
+const RETIRE_POLL: Duration = Duration::from_millis(20);
+
+/// Frees a replaced table once no request holds it any more, on the runtime
+/// that applied the snapshot (the control runtime), not on a proxy worker:
+/// freeing 10,000 APIs takes milliseconds, and the last request to let go of
+/// the table would pay them with every connection of its worker waiting.
+/// Outside a runtime (unit tests) the table is simply dropped.
+fn retire(table: Arc<RoutingTable>) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+    runtime.spawn(async move {
+        // Out of the store, the table gains no new holders: the count only falls.
+        let mut wait = RETIRE_POLL;
+        while Arc::strong_count(&table) > 1 {
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_secs(1));
+        }
+        drop(table);
+    });
 }
 
 #[cfg(test)]
@@ -347,5 +371,27 @@ mod tests {
         bad.apis[0].upstream = "missing".into();
         assert!(store.apply(&bad).is_err());
         assert_eq!(store.load().unwrap().version, 3);
+    }
+
+    #[tokio::test]
+    async fn a_replaced_table_lives_while_a_request_holds_it_then_is_freed() {
+        let store = TableStore::new();
+        let mut s = snapshot(vec![api("a", "/", "u")], vec![upstream("u", "http://127.0.0.1:9")]);
+        store.apply(&s).unwrap();
+        let in_flight = store.load().unwrap();
+        let replaced = Arc::downgrade(&in_flight);
+        s.version = 2;
+        s.apis[0].strip_prefix = true;
+        store.apply(&s).unwrap();
+
+        tokio::time::sleep(RETIRE_POLL * 3).await;
+        assert_eq!(in_flight.version, 1, "a request keeps the table it started on");
+        drop(in_flight);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while replaced.strong_count() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(RETIRE_POLL).await;
+        }
+        assert_eq!(replaced.strong_count(), 0, "the replaced table is freed once nobody holds it");
+        assert_eq!(store.load().unwrap().version, 2);
     }
 }
