@@ -75,7 +75,7 @@ impl App {
         let metrics = ops::metrics_handle();
         let node_id = settings.resolved_node_id();
         // Before any snapshot is compiled: upstream pools keep a stack per worker.
-        workers::plan(settings.proxy_workers());
+        workers::plan(settings.worker_threads);
         let tables = Arc::new(TableStore::with_context(policy_context(&settings)?));
 
         let http_listener = bind("http", settings.http_addr).await?;

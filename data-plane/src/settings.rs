@@ -147,15 +147,6 @@ impl Settings {
         Duration::from_secs(self.client_idle_timeout_secs)
     }
 
-    /// The proxy worker threads to start: `--worker-threads`, or one per
-    /// core this process may use (its CPU affinity and cgroup quota).
-    pub fn proxy_workers(&self) -> usize {
-        match self.worker_threads {
-            0 => std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
-            n => n,
-        }
-    }
-
     pub fn shutdown_grace(&self) -> Duration {
         Duration::from_secs(self.shutdown_grace_secs)
     }

@@ -32,14 +32,15 @@ thread_local! {
 /// How many workers this process runs; 0 until [`plan`] says.
 static PLANNED: AtomicUsize = AtomicUsize::new(0);
 
-/// Records how many workers the process will start, before anything that
-/// sizes per-worker state (a snapshot's upstream pools) is built.
+/// Records how many workers the process will start (0: one per core), before
+/// anything that sizes per-worker state (a snapshot's upstream pools) is built.
 pub fn plan(count: usize) {
-    PLANNED.store(count.max(1), Ordering::Relaxed);
+    PLANNED.store(count, Ordering::Relaxed);
 }
 
-/// The workers planned, or one per core where nobody planned (tests and
-/// tools that serve on a runtime of their own).
+/// The workers planned, or one per core this process may use (its CPU
+/// affinity and cgroup quota) where the plan says 0 or nobody planned
+/// (tests and tools that serve on a runtime of their own).
 pub fn count() -> usize {
     match PLANNED.load(Ordering::Relaxed) {
         0 => thread::available_parallelism().map_or(1, NonZero::get),
