@@ -4,8 +4,8 @@
 //!
 //! Why: a proxied request is two connections (client and upstream) handing
 //! work to each other. On a work-stealing runtime their tasks drift apart
-//! across threads, and every hand-off between threads is a wake-up through
-//! the kernel. Here a client connection, the upstream connections it uses
+//! across threads, and every hand-off between threads costs a cross-thread
+//! wake-up and cache misses. Here a client connection, the upstream connections it uses
 //! (each worker keeps its own idle ones, see [`current`]) and their timers
 //! all live on one thread, as in nginx or Envoy.
 //!
