@@ -63,7 +63,6 @@ pub struct App {
     sync_state: Arc<SyncState>,
     metrics: PrometheusHandle,
     proxy_options: ProxyOptions,
-    proxy_workers: usize,
     shutdown_grace: Duration,
 }
 
@@ -117,7 +116,6 @@ impl App {
                 idle_timeout: settings.client_idle_timeout(),
                 ..ProxyOptions::default()
             },
-            proxy_workers: workers::count(),
             shutdown_grace: settings.shutdown_grace(),
         })
     }
@@ -145,17 +143,11 @@ impl App {
         let (stop_tx, stop_rx) = watch::channel(false);
         let (end_tx, end_rx) = watch::channel(false);
         let proxy_stop = workers::Stop { drain: stop_rx.clone(), end: end_rx };
-        let stopped = move || {
-            let mut rx = stop_rx.clone();
-            async move {
-                // An error means the sender is gone, which also means stop.
-                let _ = rx.wait_for(|stop| *stop).await;
-            }
-        };
+        let stopped = || workers::stopped(stop_rx.clone());
 
         let listeners =
             workers::Listeners { http: self.http_listener, https: self.https_listener, tls: self.tls_config };
-        let ends = workers::start(self.proxy_workers, listeners, self.tables.clone(), self.proxy_options, &proxy_stop)
+        let ends = workers::start(listeners, self.tables.clone(), self.proxy_options, &proxy_stop)
             .map_err(|source| AppError::Serve { listener: "proxy", source })?;
         let mut proxy: FuturesUnordered<_> = ends.into_iter().collect();
         let mut ops = tokio::spawn(ops::serve(self.ops_listener, self.tables.clone(), self.metrics, stopped()));
@@ -164,7 +156,7 @@ impl App {
             http_addr = %self.bound.http_addr,
             https_addr = %self.bound.https_addr,
             ops_addr = %self.bound.ops_addr,
-            proxy_workers = self.proxy_workers,
+            proxy_workers = workers::count(),
             "data plane running"
         );
 
@@ -188,15 +180,15 @@ impl App {
                 }
             }
         };
-        match tokio::time::timeout(self.shutdown_grace, drained).await {
+        let in_time = tokio::time::timeout(self.shutdown_grace, drained).await;
+        let _ = end_tx.send(true);
+        match in_time {
             Ok(()) => info!("in-flight requests finished"),
             Err(_) => {
                 warn!(grace_secs = self.shutdown_grace.as_secs(), "grace period over; dropping remaining requests");
-                let _ = end_tx.send(true);
                 while proxy.next().await.is_some() {}
             }
         }
-        let _ = end_tx.send(true);
         if !ops.is_finished() && tokio::time::timeout(OPS_GRACE, &mut ops).await.is_err() {
             ops.abort();
         }

@@ -70,11 +70,10 @@ pub struct Stop {
     pub end: watch::Receiver<bool>,
 }
 
-/// Starts `count` workers serving both listeners. Each returned receiver
+/// Starts [`count`] workers serving both listeners. Each returned receiver
 /// yields its worker's end: `Ok` once drained (or ended), `Err` if its
 /// listener failed; a dropped sender means the worker panicked.
 pub fn start(
-    count: usize,
     listeners: Listeners,
     tables: Arc<TableStore>,
     options: ProxyOptions,
@@ -82,8 +81,9 @@ pub fn start(
 ) -> std::io::Result<Vec<oneshot::Receiver<std::io::Result<()>>>> {
     let http = listeners.http.into_std()?;
     let https = listeners.https.into_std()?;
+    let count = count();
     let mut ends = Vec::with_capacity(count);
-    for index in 0..count.max(1) {
+    for index in 0..count {
         let (http, https) = (http.try_clone()?, https.try_clone()?);
         let (tables, tls) = (tables.clone(), listeners.tls.clone());
         let (drain, end) = (stop.drain.clone(), stop.end.clone());
@@ -127,7 +127,8 @@ async fn serve_both(
     http.and(https)
 }
 
-async fn stopped(mut signal: watch::Receiver<bool>) {
+/// Resolves once `signal` says stop.
+pub(crate) async fn stopped(mut signal: watch::Receiver<bool>) {
     // An error means the sender is gone, which also means stop.
     let _ = signal.wait_for(|stop| *stop).await;
 }
