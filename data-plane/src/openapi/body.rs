@@ -2,6 +2,7 @@
 //! its responses) declares, matched against the message's `Content-Type`,
 //! and JSON bodies validated against the media type's schema.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use http::{HeaderMap, header};
@@ -52,7 +53,7 @@ impl Content {
     ) -> Result<Content, SpecError> {
         let mut media = Vec::new();
         for (key, entry) in value.as_object().into_iter().flatten() {
-            let range = essence(key);
+            let range = essence(key).into_owned();
             let validator = if entry.get("schema").is_some() && covers_json(&range) {
                 Some(schemas.compile(doc, &format!("{pointer}/{}/schema", escape(key)))?)
             } else {
@@ -147,9 +148,16 @@ pub(super) struct RequestBody {
     pub(super) content: Content,
 }
 
-/// Lower-case `type/subtype` of a media type or `Content-Type` value.
-fn essence(media_type: &str) -> String {
-    media_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase()
+/// Lower-case `type/subtype` of a media type or `Content-Type` value;
+/// borrowed when it is lower-case already, as clients almost always send it
+/// (this runs for every validated message).
+fn essence(media_type: &str) -> Cow<'_, str> {
+    let essence = media_type.split_once(';').map_or(media_type, |(essence, _)| essence).trim();
+    if essence.bytes().any(|b| b.is_ascii_uppercase()) {
+        Cow::Owned(essence.to_ascii_lowercase())
+    } else {
+        Cow::Borrowed(essence)
+    }
 }
 
 fn is_json(essence: &str) -> bool {
@@ -179,6 +187,19 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn essence_drops_parameters_and_lower_cases() {
+        for (value, expected) in [
+            ("application/json", "application/json"),
+            ("application/json; charset=utf-8", "application/json"),
+            (" Application/JSON ;charset=UTF-8", "application/json"),
+            ("text/*", "text/*"),
+            ("", ""),
+        ] {
+            assert_eq!(essence(value), expected, "{value:?}");
+        }
+    }
 
     #[test]
     fn media_range_table() {
