@@ -10,6 +10,7 @@ mod fast_map;
 pub mod openapi;
 pub mod ops;
 pub mod policy;
+pub mod problem;
 pub mod proxy;
 pub mod routing;
 pub mod settings;

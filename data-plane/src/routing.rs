@@ -59,8 +59,6 @@ pub struct CompiledApi {
     /// Time allowed until the upstream's response headers arrive.
     pub request_timeout: Duration,
     pub retries: u32,
-    /// The wire definition.
-    pub spec: v1::Api,
     /// The API's policies, run between route match and upstream pick.
     pub policies: PolicyChain,
     pub metrics: RequestMetrics,
@@ -140,7 +138,6 @@ pub fn compile(
             upstream,
             request_timeout: millis_or(api.request_timeout_ms, DEFAULT_REQUEST_TIMEOUT),
             retries: api.retries,
-            spec: api.clone(),
             policies,
             metrics: RequestMetrics::new(api.name.as_str().into()),
         }));

@@ -5,15 +5,13 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use bytes::Bytes;
 use http::{HeaderValue, Method, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full};
-use serde_json::json;
+use serde::Serialize;
 
+use crate::problem;
 use crate::upstream::ProxyBody;
 
-/// Same base as the proxy's own problems (`proxy/error.rs`).
-const VALIDATION_TYPE: &str = "https://sluice.dev/problems/validation";
+const VALIDATION_SLUG: &str = "validation";
 
 /// Violations by location (`REQUEST/BODY#/price`), in a stable order so the
 /// same request always gets the same body.
@@ -33,6 +31,34 @@ impl Errors {
     pub(super) fn locations(&self) -> Vec<&str> {
         self.0.keys().map(String::as_str).collect()
     }
+}
+
+/// DESIGN.md's validation problem: the common members, then what failed where
+/// (request failures only: a response failure's details stay in the log).
+#[derive(Serialize)]
+struct ValidationProblem<'a> {
+    #[serde(rename = "type", serialize_with = "problem::type_uri")]
+    slug: &'a str,
+    title: &'a str,
+    #[serde(serialize_with = "problem::status_code")]
+    status: StatusCode,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    detail: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    validation: Option<Validation<'a>>,
+}
+
+#[derive(Serialize)]
+struct Validation<'a> {
+    method: &'a str,
+    #[serde(rename = "uriTemplate")]
+    uri_template: Option<&'a str>,
+    errors: BTreeMap<&'a String, Vec<Message<'a>>>,
+}
+
+#[derive(Serialize)]
+struct Message<'a> {
+    message: &'a String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,37 +159,24 @@ impl ValidationFailure {
     /// so the client can fix them all at once; a response failure does not
     /// echo the upstream's data to the client (it is in the log instead).
     pub fn into_response(self) -> Response<ProxyBody> {
-        let mut body = json!({
-            "type": VALIDATION_TYPE,
-            "status": self.status.as_u16(),
+        let validation = (self.side == Side::Request).then(|| Validation {
+            method: self.method.as_str(),
+            uri_template: self.uri_template.as_deref(),
+            errors: self
+                .errors
+                .0
+                .iter()
+                .map(|(location, messages)| (location, messages.iter().map(|message| Message { message }).collect()))
+                .collect(),
         });
-        match self.side {
-            Side::Request => {
-                let errors: serde_json::Map<String, serde_json::Value> = self
-                    .errors
-                    .0
-                    .iter()
-                    .map(|(location, messages)| {
-                        let list = messages.iter().map(|m| json!({ "message": m })).collect();
-                        (location.clone(), serde_json::Value::Array(list))
-                    })
-                    .collect();
-                body["title"] = json!("Request validation failed");
-                body["validation"] = json!({
-                    "method": self.method.as_str(),
-                    "uriTemplate": self.uri_template,
-                    "errors": errors,
-                });
-            }
+        let (title, detail) = match self.side {
+            Side::Request => ("Request validation failed", None),
             Side::Response => {
-                body["title"] = json!("Response validation failed");
-                body["detail"] = json!("The upstream's response does not match the API specification.");
+                ("Response validation failed", Some("The upstream's response does not match the API specification."))
             }
-        }
-        let mut response =
-            Response::new(Full::new(Bytes::from(body.to_string())).map_err(|never| match never {}).boxed());
-        *response.status_mut() = self.status;
-        response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        };
+        let problem = ValidationProblem { slug: VALIDATION_SLUG, title, status: self.status, detail, validation };
+        let mut response = problem::respond(self.status, &problem);
         if !self.allow.is_empty() {
             let names: Vec<&str> = self.allow.iter().map(Method::as_str).collect();
             if let Ok(value) = HeaderValue::from_str(&names.join(", ")) {

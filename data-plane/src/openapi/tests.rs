@@ -229,6 +229,12 @@ async fn every_violation_is_listed_in_the_problem_body() {
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
     assert_eq!(response.headers()[header::CONTENT_TYPE], "application/problem+json");
     let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    // Members in DESIGN.md's order, whatever map type serde_json is built with.
+    let text = std::str::from_utf8(&bytes).unwrap();
+    assert!(
+        text.starts_with(r#"{"type":"https://sluice.dev/problems/validation","title":"Request validation failed","status":400,"validation":{"method":"PUT","uriTemplate":"/products/{id}","errors":{"#),
+        "{text}"
+    );
     let problem: Value = serde_json::from_slice(&bytes).unwrap();
     assert_eq!(problem["type"], "https://sluice.dev/problems/validation");
     assert_eq!(problem["title"], "Request validation failed");

@@ -23,11 +23,15 @@ use crate::upstream::RequestBody;
 /// so nobody can claim to be a consumer by sending the header.
 pub const X_CONSUMER_USERNAME: HeaderName = HeaderName::from_static("x-consumer-username");
 
+/// The schemes are boxed, like the other policies in [`PolicyChain`]: most
+/// APIs configure few of them, and every API's chain is held in memory.
+///
+/// [`PolicyChain`]: super::PolicyChain
 #[derive(Debug, Default)]
 pub struct Authentication {
-    pub basic: Option<BasicAuth>,
-    pub api_key: Option<ApiKeyAuth>,
-    pub jwt: Option<JwtAuth>,
+    pub basic: Option<Box<BasicAuth>>,
+    pub api_key: Option<Box<ApiKeyAuth>>,
+    pub jwt: Option<Box<JwtAuth>>,
     /// The snapshot's consumers, as each authenticated request names them.
     pub consumers: Arc<ConsumerTags>,
 }
@@ -192,9 +196,9 @@ impl Authentication {
         let mut rejection =
             Rejection::new(policy, StatusCode::UNAUTHORIZED, "unauthorized", "Unauthorized").detail(detail);
         let challenges = [
-            self.api_key.as_ref().map(ApiKeyAuth::challenge),
-            self.jwt.as_ref().map(JwtAuth::challenge),
-            self.basic.as_ref().map(BasicAuth::challenge),
+            self.api_key.as_deref().map(ApiKeyAuth::challenge),
+            self.jwt.as_deref().map(JwtAuth::challenge),
+            self.basic.as_deref().map(BasicAuth::challenge),
         ];
         for challenge in challenges.into_iter().flatten() {
             rejection.headers.push((header::WWW_AUTHENTICATE, challenge.clone()));
@@ -241,17 +245,11 @@ mod tests {
 
     fn all_methods() -> Authentication {
         let s = snapshot();
+        let api_key = v1::ApiKeyAuth { header: "x-api-key".into(), query_param: "key".into() };
         Authentication {
-            basic: Some(BasicAuth::compile(&v1::BasicAuth::default(), "shop", &s.consumers, None).unwrap()),
-            api_key: Some(
-                ApiKeyAuth::compile(
-                    &v1::ApiKeyAuth { header: "x-api-key".into(), query_param: "key".into() },
-                    "shop",
-                    &s,
-                )
-                .unwrap(),
-            ),
-            jwt: Some(JwtAuth::compile(&v1::JwtAuth::default(), "shop", &s.consumers).unwrap()),
+            basic: Some(Box::new(BasicAuth::compile(&v1::BasicAuth::default(), "shop", &s.consumers, None).unwrap())),
+            api_key: Some(Box::new(ApiKeyAuth::compile(&api_key, "shop", &s).unwrap())),
+            jwt: Some(Box::new(JwtAuth::compile(&v1::JwtAuth::default(), "shop", &s.consumers).unwrap())),
             consumers: Arc::new(ConsumerTags::new(&s.consumers)),
         }
     }

@@ -8,7 +8,8 @@ use std::collections::HashSet;
 use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, header};
 use sluice_proto::v1;
 
-use super::problem::{Rejection, full_body};
+use super::problem::Rejection;
+use crate::problem::full_body;
 use crate::upstream::ProxyBody;
 
 /// Used when the policy lists no methods: the methods browsers send cross-origin in practice.

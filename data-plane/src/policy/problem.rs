@@ -3,14 +3,11 @@
 //! do, and the chain turns it into one RFC 9457 problem-details response.
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue, Response, StatusCode, header};
+use http::{HeaderName, HeaderValue, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
-use serde_json::json;
 
+use crate::problem::Problem;
 use crate::upstream::{ProxyBody, RequestBody};
-
-/// Same base as the proxy's own errors, so clients see one family of types.
-const PROBLEM_BASE: &str = "https://sluice.dev/problems/";
 
 /// A request stopped by a policy. Nothing of it has reached the upstream.
 #[derive(Debug)]
@@ -38,17 +35,16 @@ impl Rejection {
     }
 
     pub fn into_response(self, instance: &str) -> Response<ProxyBody> {
-        let body = json!({
-            "type": format!("{PROBLEM_BASE}{}", self.slug),
-            "title": self.title,
-            "status": self.status.as_u16(),
-            "detail": self.detail,
-            "instance": instance,
-        });
-        let mut response = Response::new(full_body(Bytes::from(body.to_string())));
-        *response.status_mut() = self.status;
+        let problem = Problem {
+            slug: self.slug,
+            title: self.title,
+            status: self.status,
+            detail: Some(&self.detail),
+            instance: Some(instance),
+            request_id: None,
+        };
+        let mut response = problem.into_response();
         let headers = response.headers_mut();
-        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
         for (name, value) in self.headers {
             headers.append(name, value);
         }
@@ -56,13 +52,7 @@ impl Rejection {
     }
 }
 
-/// A fully known response body in the proxy's body type.
-pub fn full_body(bytes: Bytes) -> ProxyBody {
-    Full::new(bytes).map_err(|never| match never {}).boxed()
-}
-
-/// A fully known request body (a buffered one, or the placeholder left while
-/// the real body is moved into a wrapper).
+/// A fully known request body (one buffered for validation).
 pub fn full_body_request(bytes: Bytes) -> RequestBody {
     Full::new(bytes).map_err(|never| match never {}).boxed()
 }
@@ -71,6 +61,7 @@ pub fn full_body_request(bytes: Bytes) -> RequestBody {
 #[allow(clippy::unwrap_used, clippy::type_complexity)]
 mod tests {
     use super::*;
+    use http::header;
 
     #[tokio::test]
     async fn rejection_is_problem_details() {

@@ -38,23 +38,19 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use bytes::Bytes;
 use governor::Quota;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full};
-use serde_json::json;
 use sha2::{Digest, Sha256};
 use sluice_proto::v1;
 use tracing::warn;
 
 pub use client_ip::{Cidr, CidrError, effective_client_ip};
 
+use crate::problem::Problem;
 use crate::upstream::ProxyBody;
 use cluster::{RedisFailure, RedisHandle};
 use key::KeyKind;
 use local::LocalBuckets;
-
-const PROBLEM_BASE: &str = "https://sluice.dev/problems/";
 
 /// At most one "Redis unavailable" warning per limiter per interval: during
 /// an outage every request fails the same way, and the log must stay usable.
@@ -460,14 +456,5 @@ fn period_text(seconds: u64) -> String {
 
 /// An RFC 9457 problem-details response.
 fn problem(status: StatusCode, slug: &str, title: &str, detail: &str) -> Response<ProxyBody> {
-    let body = json!({
-        "type": format!("{PROBLEM_BASE}{slug}"),
-        "title": title,
-        "status": status.as_u16(),
-        "detail": detail,
-    });
-    let mut response = Response::new(Full::new(Bytes::from(body.to_string())).map_err(|never| match never {}).boxed());
-    *response.status_mut() = status;
-    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
-    response
+    Problem { slug, title, status, detail: Some(detail), instance: None, request_id: None }.into_response()
 }

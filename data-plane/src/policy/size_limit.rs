@@ -12,7 +12,7 @@ use std::task::{Context, Poll};
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Request, StatusCode, header};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, Empty};
 use sluice_proto::v1;
 
 use super::problem::{Rejection, full_body_request};
@@ -41,29 +41,33 @@ impl SizeLimit {
 #[derive(Debug, Default)]
 pub struct BodyLimit {
     max: Option<u64>,
-    tripped: Arc<AtomicBool>,
+    /// Set by the counting wrapper; `None` when the body is not wrapped.
+    tripped: Option<Arc<AtomicBool>>,
 }
 
 impl BodyLimit {
-    /// Refuses a declared length over the limit; otherwise wraps the body so
-    /// it fails once more than the limit has streamed.
+    /// Refuses a declared length over the limit; otherwise, when the length
+    /// is not declared, wraps the body so it fails once more than the limit
+    /// has streamed. A declared length needs no counting: hyper and h2 fail a
+    /// body that does not match its `Content-Length`.
     pub fn apply(policy: Option<&SizeLimit>, request: &mut Request<RequestBody>) -> Result<BodyLimit, Rejection> {
         let Some(policy) = policy else { return Ok(BodyLimit::default()) };
-        if let Some(length) = content_length(request.headers())
-            && length > policy.max
-        {
-            return Err(too_large(policy.max));
+        let max = Some(policy.max);
+        match content_length(request.headers()) {
+            Some(length) if length > policy.max => return Err(too_large(policy.max)),
+            Some(_) => return Ok(BodyLimit { max, tripped: None }),
+            None => {}
         }
-        let limit = BodyLimit { max: Some(policy.max), tripped: Arc::default() };
-        let body = std::mem::replace(request.body_mut(), full_body_request(Bytes::new()));
+        let tripped = Arc::new(AtomicBool::new(false));
+        let body = std::mem::replace(request.body_mut(), placeholder());
         *request.body_mut() =
-            LimitedBody { inner: body, remaining: policy.max, max: policy.max, tripped: limit.tripped.clone() }.boxed();
-        Ok(limit)
+            LimitedBody { inner: body, remaining: policy.max, max: policy.max, tripped: tripped.clone() }.boxed();
+        Ok(BodyLimit { max, tripped: Some(tripped) })
     }
 
     /// Whether the streamed body crossed the limit (the forward failed because of it).
     pub fn tripped(&self) -> bool {
-        self.tripped.load(Ordering::Relaxed)
+        self.tripped.as_ref().is_some_and(|tripped| tripped.load(Ordering::Relaxed))
     }
 
     pub fn rejection(&self) -> Rejection {
@@ -79,10 +83,10 @@ impl BodyLimit {
         {
             return Err(too_large(cap));
         }
-        let mut body = std::mem::replace(request.body_mut(), full_body_request(Bytes::new()));
+        let mut body = std::mem::replace(request.body_mut(), placeholder());
         // Read by hand rather than with `http_body_util::Limited`: its boxed
         // error type trips a rustc limitation that makes the request future !Send.
-        let mut buffer = BytesMut::new();
+        let mut buffer = Buffered::default();
         while let Some(frame) = body.frame().await {
             let frame = match frame {
                 Ok(frame) => frame,
@@ -96,13 +100,63 @@ impl BodyLimit {
                 if (buffer.len() + data.len()) as u64 > cap {
                     return Err(too_large(cap));
                 }
-                buffer.extend_from_slice(&data);
+                buffer.push(data);
             }
         }
-        let bytes = buffer.freeze();
+        let bytes = buffer.into_bytes();
         *request.body_mut() = full_body_request(bytes.clone());
         Ok(bytes)
     }
+}
+
+/// A body read whole. Most bodies arrive in one data frame, which is kept
+/// as it came; only a second frame makes a copy.
+#[derive(Default)]
+enum Buffered {
+    #[default]
+    Empty,
+    One(Bytes),
+    Joined(BytesMut),
+}
+
+impl Buffered {
+    fn len(&self) -> usize {
+        match self {
+            Buffered::Empty => 0,
+            Buffered::One(bytes) => bytes.len(),
+            Buffered::Joined(buffer) => buffer.len(),
+        }
+    }
+
+    fn push(&mut self, data: Bytes) {
+        *self = match std::mem::take(self) {
+            Buffered::Empty => Buffered::One(data),
+            Buffered::One(first) => {
+                let mut joined = BytesMut::with_capacity(first.len() + data.len());
+                joined.extend_from_slice(&first);
+                joined.extend_from_slice(&data);
+                Buffered::Joined(joined)
+            }
+            Buffered::Joined(mut joined) => {
+                joined.extend_from_slice(&data);
+                Buffered::Joined(joined)
+            }
+        }
+    }
+
+    fn into_bytes(self) -> Bytes {
+        match self {
+            Buffered::Empty => Bytes::new(),
+            Buffered::One(bytes) => bytes,
+            Buffered::Joined(joined) => joined.freeze(),
+        }
+    }
+}
+
+/// What a request holds while its body is moved into a wrapper: an empty
+/// body, which (unlike a `Full` one) boxes without allocating.
+fn placeholder() -> RequestBody {
+    Empty::new().map_err(|never| match never {}).boxed()
 }
 
 fn content_length(headers: &HeaderMap) -> Option<u64> {
@@ -219,10 +273,13 @@ mod tests {
     #[tokio::test]
     async fn buffer_respects_cap_and_keeps_body() {
         let policy = SizeLimit::compile(&v1::RequestSizeLimit { max_bytes: 5 }).unwrap();
-        let mut req = request(None, chunked(&[b"abc", b"de"]));
-        let limit = BodyLimit::apply(Some(&policy), &mut req).unwrap();
-        assert_eq!(limit.buffer(&mut req).await.unwrap(), "abcde");
-        assert_eq!(req.into_body().collect().await.unwrap().to_bytes(), "abcde");
+        // One frame, two, three: the body is whole either way, and kept for the upstream.
+        for chunks in [&[b"abcde" as &[u8]] as &[&'static [u8]], &[b"abc", b"de"], &[b"a", b"bc", b"de"]] {
+            let mut req = request(None, chunked(chunks));
+            let limit = BodyLimit::apply(Some(&policy), &mut req).unwrap();
+            assert_eq!(limit.buffer(&mut req).await.unwrap(), "abcde", "{chunks:?}");
+            assert_eq!(req.into_body().collect().await.unwrap().to_bytes(), "abcde", "{chunks:?}");
+        }
 
         let mut req = request(None, chunked(&[b"abc", b"def"]));
         let limit = BodyLimit::apply(Some(&policy), &mut req).unwrap();

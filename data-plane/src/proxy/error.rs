@@ -2,14 +2,10 @@
 //! before the upstream's answer reaches the client, tagged by where it came
 //! from, and turned into one RFC 9457 problem-details response.
 
-use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full};
-use serde_json::json;
 
+use crate::problem::Problem;
 use crate::upstream::ProxyBody;
-
-const PROBLEM_BASE: &str = "https://sluice.dev/problems/";
 
 /// Who is to blame, as pingora tags its errors: decides log level and lets
 /// dashboards tell client mistakes from upstream outages from our own bugs.
@@ -99,19 +95,15 @@ impl ProxyError {
     pub fn to_response(&self, instance: &str, request_id: &str) -> Response<ProxyBody> {
         let status = self.status();
         let (slug, title, detail) = self.describe();
-        let mut body = json!({
-            "type": format!("{PROBLEM_BASE}{slug}"),
-            "title": title,
-            "status": status.as_u16(),
-            "detail": detail,
-            "instance": instance,
-        });
-        if status.is_server_error() {
-            body["request_id"] = json!(request_id);
+        let mut response = Problem {
+            slug,
+            title,
+            status,
+            detail: Some(&detail),
+            instance: Some(instance),
+            request_id: status.is_server_error().then_some(request_id),
         }
-        let mut response = Response::new(problem_body(body.to_string()));
-        *response.status_mut() = status;
-        response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        .into_response();
         if let ProxyError::MethodNotAllowed { allow, .. } = self
             && let Ok(value) = HeaderValue::from_str(&allow.join(", "))
         {
@@ -124,14 +116,11 @@ impl ProxyError {
     }
 }
 
-fn problem_body(text: String) -> ProxyBody {
-    Full::new(Bytes::from(text)).map_err(|never| match never {}).boxed()
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use http_body_util::BodyExt;
 
     #[tokio::test]
     async fn problem_details_table() {
