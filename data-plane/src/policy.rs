@@ -214,7 +214,7 @@ impl PolicyChain {
                 // 4. Authentication: names the consumer that the rate limit and the upstream need.
                 *consumer = self.auth.authenticate(&mut request).await?;
                 // 5. Rate limit after auth: anonymous floods get 401s without spending a consumer's quota.
-                let rate_headers = self.rate_limit(consumer.as_deref(), client_ip, request.headers()).await?;
+                let rate_headers = self.rate_limit(consumer.as_ref(), client_ip, request.headers()).await?;
                 // 6. Request header rules: after auth (they may use X-Consumer-Username), before validation sees them.
                 self.rewrite_request(request.headers_mut());
                 // 7. OpenAPI validation last: it may buffer the body, which only requests past every cheaper check deserve.
@@ -252,7 +252,7 @@ impl PolicyChain {
 
     async fn rate_limit(
         &self,
-        consumer: Option<&str>,
+        consumer: Option<&Arc<str>>,
         client_ip: IpAddr,
         headers: &HeaderMap,
     ) -> Result<Option<RateHeaders>, Stop> {

@@ -71,8 +71,9 @@ pub enum RateLimitError {
 
 /// What a request offers for keying its bucket.
 pub struct RateKeyInput<'a> {
-    /// The authenticated consumer, if an auth policy ran before.
-    pub consumer: Option<&'a str>,
+    /// The authenticated consumer, if an auth policy ran before. Shared, so
+    /// that keying a bucket by it copies no name.
+    pub consumer: Option<&'a Arc<str>>,
     /// The socket peer; resolved through trusted proxies here.
     pub client_ip: IpAddr,
     pub headers: &'a HeaderMap,

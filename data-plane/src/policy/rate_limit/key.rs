@@ -3,6 +3,7 @@
 //! header, as the policy's `key` says.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use http::HeaderName;
 use sha2::{Digest, Sha256};
@@ -30,7 +31,7 @@ pub(crate) enum KeyKind {
 pub(crate) enum BucketKey {
     Api,
     Ip(IpAddr),
-    Consumer(Box<str>),
+    Consumer(Arc<str>),
     Header(Box<[u8]>),
     HeaderDigest([u8; 32]),
     /// Requests without the keying header share one bucket of their own: they
@@ -68,7 +69,7 @@ impl KeyKind {
             KeyKind::Api => BucketKey::Api,
             KeyKind::Ip => BucketKey::Ip(effective_client_ip(input.client_ip, input.headers, trusted)),
             KeyKind::Consumer => match input.consumer {
-                Some(name) if !name.is_empty() => BucketKey::Consumer(name.into()),
+                Some(name) if !name.is_empty() => BucketKey::Consumer(name.clone()),
                 _ => BucketKey::Ip(effective_client_ip(input.client_ip, input.headers, trusted)),
             },
             // The first value only: a repeated header is either a client
@@ -142,13 +143,14 @@ mod tests {
         headers.append("x-tenant", HeaderValue::from_static("other"));
         headers.insert("x-long", HeaderValue::from_str(&"a".repeat(200)).unwrap());
         let header = |name: &'static str| KeyKind::Header(HeaderName::from_static(name));
+        let (alice, nameless): (Arc<str>, Arc<str>) = ("alice".into(), "".into());
 
         let cases = [
-            (KeyKind::Api, Some("alice"), BucketKey::Api),
-            (KeyKind::Ip, Some("alice"), BucketKey::Ip(client)),
-            (KeyKind::Consumer, Some("alice"), BucketKey::Consumer("alice".into())),
+            (KeyKind::Api, Some(&alice), BucketKey::Api),
+            (KeyKind::Ip, Some(&alice), BucketKey::Ip(client)),
+            (KeyKind::Consumer, Some(&alice), BucketKey::Consumer("alice".into())),
             (KeyKind::Consumer, None, BucketKey::Ip(client)),
-            (KeyKind::Consumer, Some(""), BucketKey::Ip(client)),
+            (KeyKind::Consumer, Some(&nameless), BucketKey::Ip(client)),
             (header("x-tenant"), None, BucketKey::Header(b"acme".as_slice().into())),
             (header("x-missing"), None, BucketKey::MissingHeader),
             (header("x-long"), None, BucketKey::HeaderDigest(Sha256::digest("a".repeat(200)).into())),

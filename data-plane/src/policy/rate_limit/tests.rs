@@ -163,10 +163,11 @@ async fn consumer_keys_fall_back_to_the_client_address() {
     let limiter = RateLimiter::compile(&spec(1, 60, v1::RateLimitKey::Consumer), "shop", None, &ctx).unwrap();
     let mut forwarded = HeaderMap::new();
     forwarded.insert("x-forwarded-for", HeaderValue::from_static("198.51.100.7"));
+    let (alice, bob): (Arc<str>, Arc<str>) = ("alice".into(), "bob".into());
     let input = |consumer, headers| RateKeyInput { consumer, client_ip: ip("10.0.0.2"), headers };
-    assert!(matches!(limiter.check(&input(Some("alice"), &forwarded)).await, RateDecision::Allowed { .. }));
-    assert!(matches!(limiter.check(&input(Some("alice"), &forwarded)).await, RateDecision::Limited { .. }));
-    assert!(matches!(limiter.check(&input(Some("bob"), &forwarded)).await, RateDecision::Allowed { .. }));
+    assert!(matches!(limiter.check(&input(Some(&alice), &forwarded)).await, RateDecision::Allowed { .. }));
+    assert!(matches!(limiter.check(&input(Some(&alice), &forwarded)).await, RateDecision::Limited { .. }));
+    assert!(matches!(limiter.check(&input(Some(&bob), &forwarded)).await, RateDecision::Allowed { .. }));
     // Anonymous: keyed by the client behind the trusted proxy.
     assert!(matches!(limiter.check(&input(None, &forwarded)).await, RateDecision::Allowed { .. }));
     assert!(matches!(limiter.check(&input(None, &forwarded)).await, RateDecision::Limited { .. }));
