@@ -111,8 +111,12 @@ async fn serve_listener(
     let shared = Arc::new(Shared { tables, options });
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // Idle connections and slow request heads are closed by `idle` with one
-    // timer per connection, instead of hyper's timer per request.
-    builder.http1().timer(TokioTimer::new()).keep_alive(true).header_read_timeout(None);
+    // timer per connection, instead of hyper's timer per request. Over TLS a
+    // response's head and body are written as one buffer, not a vectored
+    // write: rustls encrypts into its own buffer either way, and handing it
+    // several slices costs a list allocation per write (callgrind, https
+    // case: 1.4k instructions and 2 allocations fewer per request, both sides).
+    builder.http1().timer(TokioTimer::new()).keep_alive(true).header_read_timeout(None).writev(tls.is_none());
     builder.http2().timer(TokioTimer::new());
     let builder = Arc::new(builder);
     let (stop_tx, stop_rx) = watch::channel(false);

@@ -259,8 +259,8 @@ impl Dialer {
         // Unwrapped, so a plain target's connection task does not carry
         // room for a TLS session (about a kilobyte per open connection).
         match self.connect(origin, timeout).await? {
-            MaybeHttpsStream::Http(tcp) => handshake_h1(tcp).await,
-            MaybeHttpsStream::Https(tls) => handshake_h1(tls).await,
+            MaybeHttpsStream::Http(tcp) => handshake_h1(tcp, true).await,
+            MaybeHttpsStream::Https(tls) => handshake_h1(tls, false).await,
         }
     }
 
@@ -277,11 +277,13 @@ impl Dialer {
 }
 
 /// The HTTP/1.1 handshake on a connected stream; the connection is then driven by its own task.
-async fn handshake_h1<S>(stream: S) -> Result<http1::SendRequest<RequestBody>, SendError>
+/// `writev` off for TLS streams: see `proxy::serve_listener`.
+async fn handshake_h1<S>(stream: S, writev: bool) -> Result<http1::SendRequest<RequestBody>, SendError>
 where
     S: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
-    let (sender, connection) = http1::Builder::new().handshake(stream).await.map_err(SendError::Exchange)?;
+    let (sender, connection) =
+        http1::Builder::new().writev(writev).handshake(stream).await.map_err(SendError::Exchange)?;
     // Upgrades: a 101 hands the connection over to the tunnel. A combinator,
     // not an async block, which would hold the connection twice.
     tokio::spawn(connection.with_upgrades().map(log_connection_end));
