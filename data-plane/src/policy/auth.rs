@@ -218,7 +218,7 @@ mod tests {
     use sluice_proto::v1;
 
     use super::*;
-    use crate::policy::problem::full_body_request;
+    use crate::policy::size_limit::full_body_request;
 
     fn snapshot() -> v1::Snapshot {
         let mut mac = Hmac::<Sha256>::new_from_slice(b"k").unwrap();

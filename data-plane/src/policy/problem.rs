@@ -2,12 +2,10 @@
 //! returns a [`Rejection`] naming status, problem type and what the client can
 //! do, and the chain turns it into one RFC 9457 problem-details response.
 
-use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
 
 use crate::problem::Problem;
-use crate::upstream::{ProxyBody, RequestBody};
+use crate::upstream::ProxyBody;
 
 /// A request stopped by a policy. Nothing of it has reached the upstream.
 #[derive(Debug)]
@@ -52,16 +50,12 @@ impl Rejection {
     }
 }
 
-/// A fully known request body (one buffered for validation).
-pub fn full_body_request(bytes: Bytes) -> RequestBody {
-    Full::new(bytes).map_err(|never| match never {}).boxed()
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::type_complexity)]
 mod tests {
     use super::*;
     use http::header;
+    use http_body_util::BodyExt;
 
     #[tokio::test]
     async fn rejection_is_problem_details() {

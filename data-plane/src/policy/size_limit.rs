@@ -12,10 +12,10 @@ use std::task::{Context, Poll};
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Request, StatusCode, header};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Empty, Full};
 use sluice_proto::v1;
 
-use super::problem::{Rejection, full_body_request};
+use super::problem::Rejection;
 use crate::upstream::{BoxError, RequestBody};
 
 /// Cap on a body buffered for validation when the API sets no size limit, so
@@ -151,6 +151,11 @@ impl Buffered {
             Buffered::Joined(joined) => joined.freeze(),
         }
     }
+}
+
+/// A fully known request body (one buffered for validation).
+pub(crate) fn full_body_request(bytes: Bytes) -> RequestBody {
+    Full::new(bytes).map_err(|never| match never {}).boxed()
 }
 
 /// What a request holds while its body is moved into a wrapper: an empty
