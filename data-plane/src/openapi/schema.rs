@@ -30,8 +30,8 @@ impl SchemaCompiler {
     /// `doc` must already be in 2020-12 terms (see `document::rewrite_30`).
     pub(super) fn new(doc: &Value) -> Result<Self, SpecError> {
         let resource = Draft::Draft202012.create_resource(doc.clone());
-        // The default retriever refuses everything: a data plane never fetches
-        // schemas from the network or disk while compiling a snapshot.
+        // Nothing outside the document is ever fetched, here or in `compile`:
+        // a data plane reads neither the network nor its disk for a snapshot.
         let registry = Registry::new()
             .add(DOC_URI, resource)
             .and_then(|builder| builder.prepare())
@@ -49,6 +49,7 @@ impl SchemaCompiler {
         let validator = jsonschema::options()
             .with_draft(Draft::Draft202012)
             .with_registry(&self.registry)
+            .offline()
             .should_validate_formats(true)
             .build(&root)
             .map_err(|e| SpecError::Schema { pointer: format!("#{pointer}"), reason: e.to_string() })?;
@@ -239,5 +240,24 @@ mod tests {
         let mut errors = Errors::default();
         collect(&a, &json!({"next": {"next": {"v": "x"}}}), &mut errors, |p| format!("B#{p}"));
         assert_eq!(errors.locations(), vec!["B#/next/next/v"]);
+    }
+
+    #[test]
+    fn never_fetches_a_reference_from_outside_the_document() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let outside = format!("http://{}/schema.json", listener.local_addr().unwrap());
+        // Also through a base URI: `#/x` under that `$id` is outside too.
+        let doc = json!({
+            "a": {"$ref": outside},
+            "b": {"$id": outside, "properties": {"v": {"$ref": "#/x"}}},
+        });
+        let mut compiler = SchemaCompiler::new(&doc).unwrap();
+        for pointer in ["/a", "/b"] {
+            let error = compiler.compile(&doc, pointer).err().unwrap();
+            assert!(matches!(&error, SpecError::Schema { pointer: p, .. } if p == &format!("#{pointer}")), "{error}");
+        }
+        let accepted = listener.accept();
+        assert!(accepted.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock), "{accepted:?}");
     }
 }
