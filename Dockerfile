@@ -25,7 +25,7 @@ COPY . .
 # are copied out in the same step because a cache mount is gone afterwards.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p sluice-control-plane -p sluice-data-plane --bins \
+    cargo build --release --locked --workspace --bins \
     && mkdir -p /out \
     && cp target/release/sluice-cp target/release/sluice-dp target/release/sluice-test-upstream /out/
 
