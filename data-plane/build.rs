@@ -1,12 +1,12 @@
 //! Link settings for release builds of `sluice-dp`, both there to keep an
 //! idle data plane's resident memory small (see `bench/README.md`):
 //!
-//! * The functions a data plane runs (start-up first, then proxying, then
-//!   each policy) are laid out side by side at the start of `.text`, in the
-//!   order `link/symbol-order.txt` lists them. The kernel maps a binary's code
-//!   in as it runs, with its neighbours around each page; scattered over
-//!   12 MB, the code a data plane ran made 6 MB of it resident, packed
-//!   together 2.5 MB.
+//! * The functions a data plane runs (start-up and snapshot swaps first,
+//!   then the rest by when it first runs) are laid out side by side at the
+//!   start of `.text`, in the order `link/symbol-order.txt` lists them. The
+//!   kernel maps a binary's code in as it runs, with its neighbours around
+//!   each page; scattered over 12 MB, the code a data plane ran made 6 MB of
+//!   it resident, packed together 2 MB.
 //! * Relative relocations are packed (DT_RELR): the loader reads all of them
 //!   at start-up, 630 KB as plain RELA, 7 KB packed.
 
