@@ -32,6 +32,10 @@ use super::{ProxyBody, RequestBody, Target};
 /// How long an idle connection is kept unless the target says less (see
 /// [`idle_limit`]).
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// An idle connection its worker has not used for this long is a spare:
+/// another worker about to open a connection to the same target closes it
+/// first (see [`Connections::retire_spare_elsewhere`]).
+const SPARE_AFTER: Duration = Duration::from_secs(1);
 /// Margin under a target's announced keep-alive timeout: a request must not
 /// race the target closing the connection.
 const KEEP_ALIVE_MARGIN: Duration = Duration::from_secs(1);
@@ -81,6 +85,7 @@ pub struct Connections {
 #[derive(Debug)]
 struct IdleConnection {
     sender: http1::SendRequest<RequestBody>,
+    since: Instant,
     expires: Instant,
 }
 
@@ -96,8 +101,11 @@ impl Connections {
     /// (pools built before the count was planned), workers share stacks: that
     /// costs locality, never correctness (see `proxy::workers::Stop`).
     fn local_idle(&self) -> std::sync::MutexGuard<'_, VecDeque<IdleConnection>> {
-        let stack = &self.idle[crate::proxy::workers::current() % self.idle.len()];
-        stack.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.idle[self.local_index()])
+    }
+
+    fn local_index(&self) -> usize {
+        crate::proxy::workers::current() % self.idle.len()
     }
 
     fn take_idle(&self) -> Option<http1::SendRequest<RequestBody>> {
@@ -118,10 +126,32 @@ impl Connections {
         }
         let now = Instant::now();
         let mut idle = self.local_idle();
-        idle.push_back(IdleConnection { sender, expires: now + keep_for });
+        idle.push_back(IdleConnection { sender, since: now, expires: now + keep_for });
         // The oldest sit at the front; trimming here bounds the stack without a timer.
         while idle.front().is_some_and(|c| c.expires <= now) {
             idle.pop_front();
+        }
+    }
+
+    /// Called by a worker about to open a connection because its own stack
+    /// is empty: closes one spare of another worker (the least recently used
+    /// of a stack, when idle for [`SPARE_AFTER`]), so that the connections
+    /// to a target follow the load as it moves between workers instead of
+    /// adding up to every worker's peak. An idle HTTP/1.1 connection holds
+    /// tens of kilobytes of buffers (hyper's read and write buffers, its
+    /// request queue); with 500 clients spread differently from one minute
+    /// to the next, the spares were a hundred connections and 5 MB more.
+    fn retire_spare_elsewhere(&self, here: usize, now: Instant) {
+        let others = self.idle.iter().enumerate().filter(|(index, _)| *index != here);
+        for stack in others.map(|(_, stack)| stack) {
+            let mut idle = lock(stack);
+            if idle.front().is_some_and(|c| now.saturating_duration_since(c.since) >= SPARE_AFTER) {
+                let spare = idle.pop_front();
+                drop(idle);
+                // Dropping the sender ends the connection's task on its worker.
+                drop(spare);
+                return;
+            }
         }
     }
 
@@ -130,10 +160,13 @@ impl Connections {
     fn close_expired(&self) {
         let now = Instant::now();
         for stack in &self.idle {
-            let mut idle = stack.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            idle.retain(|c| !c.sender.is_closed() && now < c.expires);
+            lock(stack).retain(|c| !c.sender.is_closed() && now < c.expires);
         }
     }
+}
+
+fn lock(stack: &Mutex<VecDeque<IdleConnection>>) -> std::sync::MutexGuard<'_, VecDeque<IdleConnection>> {
+    stack.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Closes the pool's expired idle connections now and then, for targets that
@@ -190,11 +223,15 @@ impl Dialer {
                 return self.send_h2(target, request, connect_timeout).await;
             }
             loop {
-                let (mut sender, reused) = match target.connections.take_idle() {
+                let connections = &target.connections;
+                let (mut sender, reused) = match connections.take_idle() {
                     Some(sender) => (sender, true),
-                    // Boxed: the rare connect path would otherwise make every
-                    // request's future kilobytes larger, copied at each move.
-                    None => (Box::pin(self.dial_h1(&target.origin, connect_timeout)).await?, false),
+                    None => {
+                        connections.retire_spare_elsewhere(connections.local_index(), Instant::now());
+                        // Boxed: the rare connect path would otherwise make every
+                        // request's future kilobytes larger, copied at each move.
+                        (Box::pin(self.dial_h1(&target.origin, connect_timeout)).await?, false)
+                    }
                 };
                 if let Err(e) = sender.ready().await {
                     if reused {
@@ -401,7 +438,46 @@ fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    use tokio::io::AsyncReadExt as _;
+
     use super::*;
+
+    /// An HTTP/1.1 connection over an in-memory pipe, and the far end of
+    /// the pipe, which reads end-of-stream once the connection is closed.
+    async fn pipe_connection() -> (http1::SendRequest<RequestBody>, tokio::io::DuplexStream) {
+        let (near, far) = tokio::io::duplex(1024);
+        let (sender, connection) = http1::handshake(TokioIo::new(near)).await.unwrap();
+        tokio::spawn(connection);
+        (sender, far)
+    }
+
+    fn idle(sender: http1::SendRequest<RequestBody>, since: Instant) -> IdleConnection {
+        IdleConnection { sender, since, expires: since + IDLE_TIMEOUT }
+    }
+
+    #[tokio::test]
+    async fn a_worker_opening_a_connection_closes_another_workers_spare() {
+        let connections =
+            Connections { idle: (0..2).map(|_| Mutex::default()).collect(), shared_h2: Default::default() };
+        let now = Instant::now();
+        let long_ago = now - SPARE_AFTER * 2;
+        let (own, _own_far) = pipe_connection().await;
+        let (spare, mut spare_far) = pipe_connection().await;
+        let (recent, _recent_far) = pipe_connection().await;
+        lock(&connections.idle[0]).push_back(idle(own, long_ago));
+        lock(&connections.idle[1]).extend([idle(spare, long_ago), idle(recent, now)]);
+
+        connections.retire_spare_elsewhere(0, now);
+        assert_eq!(lock(&connections.idle[0]).len(), 1, "the worker's own stack is left alone");
+        let left: Vec<Instant> = lock(&connections.idle[1]).iter().map(|c| c.since).collect();
+        assert_eq!(left, [now], "the other worker's least recently used connection is closed");
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), spare_far.read_to_end(&mut rest)).await;
+        assert!(matches!(read, Ok(Ok(0))), "the spare's socket is closed: {read:?}");
+
+        connections.retire_spare_elsewhere(0, now);
+        assert_eq!(lock(&connections.idle[1]).len(), 1, "a connection idle for less than a second is no spare");
+    }
 
     #[test]
     fn idle_limit_follows_the_targets_keep_alive_timeout() {
