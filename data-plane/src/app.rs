@@ -77,9 +77,9 @@ impl App {
         workers::plan(settings.worker_threads);
         let tables = Arc::new(TableStore::with_context(policy_context(&settings)?));
 
-        let http_listener = bind("http", settings.http_addr).await?;
-        let ops_listener = bind("ops", settings.ops_addr).await?;
-        let https_listener = bind("https", settings.https_addr).await?;
+        let http_listener = bind("http", settings.http_addr)?;
+        let ops_listener = bind("ops", settings.ops_addr)?;
+        let https_listener = bind("https", settings.https_addr)?;
         let http_addr = local_addr("http", &http_listener, settings.http_addr)?;
         let https_addr = local_addr("https", &https_listener, settings.https_addr)?;
         let tls_config = tls::server_config(tables.clone())?;
@@ -245,8 +245,8 @@ fn policy_context(settings: &Settings) -> Result<PolicyContext, AppError> {
     Ok(context)
 }
 
-async fn bind(listener: &'static str, addr: SocketAddr) -> Result<TcpListener, AppError> {
-    TcpListener::bind(addr).await.map_err(|source| AppError::Bind { listener, addr, source })
+fn bind(listener: &'static str, addr: SocketAddr) -> Result<TcpListener, AppError> {
+    crate::listener::bind(addr).map_err(|source| AppError::Bind { listener, addr, source })
 }
 
 fn local_addr(listener: &'static str, socket: &TcpListener, addr: SocketAddr) -> Result<SocketAddr, AppError> {

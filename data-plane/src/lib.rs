@@ -7,6 +7,7 @@ pub mod app;
 pub mod backoff;
 mod clock;
 mod fast_map;
+pub mod listener;
 pub mod openapi;
 pub mod ops;
 pub mod policy;

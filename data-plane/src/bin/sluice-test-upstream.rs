@@ -29,7 +29,6 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use serde_json::{Map, Value, json};
-use tokio::net::TcpListener;
 
 #[derive(Debug, Parser)]
 #[command(name = "sluice-test-upstream", about = "Echo server for Sluice tests and benchmarks")]
@@ -56,7 +55,8 @@ static ZEROES: [u8; CHUNK] = [0; CHUNK];
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let listener = TcpListener::bind(args.addr).await?;
+    // A gateway under test opens its upstream connections in bursts too.
+    let listener = sluice_data_plane::listener::bind(args.addr)?;
     let addr = listener.local_addr()?;
     {
         let mut stdout = std::io::stdout().lock();
