@@ -108,14 +108,22 @@ impl Connections {
         crate::proxy::workers::current() % self.idle.len()
     }
 
+    /// This worker's most recently used idle connection. `None` means the
+    /// caller opens a new one, so another worker's spare is closed first
+    /// (see [`Connections::retire_spare_elsewhere`]).
     fn take_idle(&self) -> Option<http1::SendRequest<RequestBody>> {
-        let mut idle = self.local_idle();
+        let here = self.local_index();
         let now = Instant::now();
-        while let Some(connection) = idle.pop_back() {
-            if !connection.sender.is_closed() && now < connection.expires {
-                return Some(connection.sender);
+        {
+            let mut idle = lock(&self.idle[here]);
+            while let Some(connection) = idle.pop_back() {
+                if !connection.sender.is_closed() && now < connection.expires {
+                    return Some(connection.sender);
+                }
             }
         }
+        // With this worker's stack unlocked: a worker never holds two.
+        self.retire_spare_elsewhere(here, now);
         None
     }
 
@@ -133,8 +141,8 @@ impl Connections {
         }
     }
 
-    /// Called by a worker about to open a connection because its own stack
-    /// is empty: closes one spare of another worker (the least recently used
+    /// For a worker about to open a connection because its own stack is
+    /// empty: closes one spare of another worker (the least recently used
     /// of a stack, when idle for [`SPARE_AFTER`]), so that the connections
     /// to a target follow the load as it moves between workers instead of
     /// adding up to every worker's peak. An idle HTTP/1.1 connection holds
@@ -223,15 +231,11 @@ impl Dialer {
                 return self.send_h2(target, request, connect_timeout).await;
             }
             loop {
-                let connections = &target.connections;
-                let (mut sender, reused) = match connections.take_idle() {
+                let (mut sender, reused) = match target.connections.take_idle() {
                     Some(sender) => (sender, true),
-                    None => {
-                        connections.retire_spare_elsewhere(connections.local_index(), Instant::now());
-                        // Boxed: the rare connect path would otherwise make every
-                        // request's future kilobytes larger, copied at each move.
-                        (Box::pin(self.dial_h1(&target.origin, connect_timeout)).await?, false)
-                    }
+                    // Boxed: the rare connect path would otherwise make every
+                    // request's future kilobytes larger, copied at each move.
+                    None => (Box::pin(self.dial_h1(&target.origin, connect_timeout)).await?, false),
                 };
                 if let Err(e) = sender.ready().await {
                     if reused {
