@@ -19,11 +19,22 @@ pub fn canonicalize(snapshot: &mut Snapshot) {
 
 /// Hex SHA-256 of the snapshot's content, ignoring `version` and `hash`.
 /// The snapshot must be canonicalized first.
+///
+/// That is the hash of the snapshot encoded with both fields cleared. Cleared
+/// (zero, empty) they are not encoded at all, and as fields 1 and 2 they come
+/// first in the encoding, so the hash is taken over the encoding after them:
+/// no copy of the snapshot is made (at 10,000 APIs that copy cost more than
+/// the encoding and the hash together).
 pub fn content_hash(snapshot: &Snapshot) -> String {
-    let mut content = snapshot.clone();
-    content.version = 0;
-    content.hash.clear();
-    hex::encode(Sha256::digest(content.encode_to_vec()))
+    let encoded = snapshot.encode_to_vec();
+    let mut header = 0;
+    if snapshot.version != 0 {
+        header += prost::encoding::uint64::encoded_len(1, &snapshot.version);
+    }
+    if !snapshot.hash.is_empty() {
+        header += prost::encoding::string::encoded_len(2, &snapshot.hash);
+    }
+    hex::encode(Sha256::digest(&encoded[header..]))
 }
 
 #[cfg(test)]
@@ -42,6 +53,27 @@ mod tests {
         canonicalize(&mut a);
         canonicalize(&mut b);
         assert_eq!(content_hash(&a), content_hash(&b));
+    }
+
+    #[test]
+    fn hash_is_that_of_the_encoding_with_version_and_hash_cleared() {
+        let mut snapshot = Snapshot {
+            version: 300,
+            hash: "f".repeat(64),
+            apis: vec![api("a"), api("b")],
+            upstreams: vec![Upstream { name: "u".into(), ..Default::default() }],
+            api_key_hmac_key: vec![7; 32],
+            ..Default::default()
+        };
+        let mut cleared = snapshot.clone();
+        cleared.version = 0;
+        cleared.hash.clear();
+        let expected = hex::encode(Sha256::digest(cleared.encode_to_vec()));
+        assert_eq!(content_hash(&snapshot), expected);
+        assert_eq!(content_hash(&cleared), expected);
+        snapshot.version = 1;
+        snapshot.hash.clear();
+        assert_eq!(content_hash(&snapshot), expected);
     }
 
     #[test]
