@@ -1,9 +1,10 @@
 //! The configuration store, under the admin API and the sync server: every
-//! write runs in one database transaction that loads the configuration, applies
-//! the change, builds and validates the snapshot and records it under the next
-//! version; readers get the current configuration, old snapshots and the data
-//! planes' state. PostgreSQL in production, SQLite embedded, same SQL on both
-//! through sqlx's `Any` driver.
+//! write runs in one database transaction that reads the configuration (kept
+//! in memory while this process knows the newest version), applies the
+//! change, builds and validates the snapshot and records the changed rows and
+//! the snapshot under the next version; readers get the current
+//! configuration, old snapshots and the data planes' state. PostgreSQL in
+//! production, SQLite embedded, same SQL on both through sqlx's `Any` driver.
 
 mod data_planes;
 mod history;
@@ -157,6 +158,12 @@ struct Inner {
     secrets: SecretBox,
     api_key_hmac_key: Vec<u8>,
     versions: watch::Sender<u64>,
+    /// The configuration as of the newest version this process has seen,
+    /// with that version. Reading ten thousand rows and decoding their JSON
+    /// costs far more than every other step of a write; the cache is used
+    /// only when the version matches the database's newest, so a write by
+    /// another control plane on the same database makes it reload.
+    committed: std::sync::Mutex<Option<(u64, Arc<Config>)>>,
     /// Dropped with the store; ends the background version watcher.
     _shutdown: watch::Sender<()>,
 }
@@ -197,7 +204,15 @@ impl Store {
         let (versions, _) = watch::channel(0);
         let (shutdown, shutdown_rx) = watch::channel(());
         let store = Store {
-            inner: Arc::new(Inner { pool, backend, secrets, api_key_hmac_key, versions, _shutdown: shutdown }),
+            inner: Arc::new(Inner {
+                pool,
+                backend,
+                secrets,
+                api_key_hmac_key,
+                versions,
+                committed: std::sync::Mutex::default(),
+                _shutdown: shutdown,
+            }),
         };
 
         if store.latest_version().await?.is_none() {
@@ -256,9 +271,39 @@ impl Store {
     }
 
     /// The current configuration, each list sorted by name.
-    pub async fn config(&self) -> Result<Config, StoreError> {
+    pub async fn config(&self) -> Result<Arc<Config>, StoreError> {
         let mut conn = self.inner.pool.acquire().await?;
-        resources::load(&mut conn).await
+        let head = latest_head(&mut conn).await?;
+        self.config_at(&mut conn, head.map(|(version, _)| version)).await
+    }
+
+    /// The configuration of version `head`, which the caller has just read as
+    /// the newest: from the cache when it holds that version, else loaded.
+    /// Loaded after `head` was read, the rows are never older than `head`, so
+    /// a cache entry can only be newer than its label, never stale.
+    async fn config_at(&self, conn: &mut sqlx::AnyConnection, head: Option<u64>) -> Result<Arc<Config>, StoreError> {
+        if let Some(head) = head
+            && let Some(config) = self.cached_config(head)
+        {
+            return Ok(config);
+        }
+        let config = Arc::new(resources::load(conn).await?);
+        if let Some(head) = head {
+            self.remember_config(head, config.clone());
+        }
+        Ok(config)
+    }
+
+    fn cached_config(&self, version: u64) -> Option<Arc<Config>> {
+        let committed = self.inner.committed.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        committed.as_ref().filter(|(cached, _)| *cached == version).map(|(_, config)| config.clone())
+    }
+
+    fn remember_config(&self, version: u64, config: Arc<Config>) {
+        let mut committed = self.inner.committed.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if committed.as_ref().is_none_or(|(cached, _)| *cached <= version) {
+            *committed = Some((version, config));
+        }
     }
 
     /// Applies `change` to the current configuration in one transaction and
@@ -287,9 +332,9 @@ impl Store {
         };
 
         // Read only after the lock, so the previous writer's commit is visible.
-        let before = resources::load(&mut tx).await?;
         let latest = latest_head(&mut tx).await?;
-        let mut config = before.clone();
+        let before = self.config_at(&mut tx, latest.as_ref().map(|(version, _)| *version)).await?;
+        let mut config = Config::clone(&before);
         // An error drops `tx`, which rolls back.
         let value = change(&mut config).map_err(WriteError::Rejected)?;
         // Sorted, the config lines up index for index with the canonical snapshot.
@@ -297,9 +342,7 @@ impl Store {
 
         let mut snapshot =
             build_snapshot(&config, &self.inner.secrets, &self.inner.api_key_hmac_key).map_err(WriteError::Invalid)?;
-        let old_rows = resources::rows(&before)?;
-        let new_rows = resources::rows(&config)?;
-        let diff = resources::diff(&old_rows, &new_rows);
+        let diff = resources::diff(&before, &config)?;
         if let Some((version, hash)) = &latest
             && *hash == snapshot.hash
             && diff.is_empty()
@@ -362,6 +405,7 @@ impl Store {
                 .await?;
         }
         tx.commit().await?;
+        self.remember_config(version, Arc::new(config));
 
         tracing::info!(
             version,

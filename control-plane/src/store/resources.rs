@@ -1,8 +1,6 @@
 //! The `resources` table as the store's write path sees it: loading rows into a
-//! `Config` inside the write transaction, and the per-(kind, name) JSON rows
-//! and diff that decide what the transaction upserts and deletes.
-
-use std::collections::BTreeMap;
+//! `Config`, and the diff between two configs that decides which rows a write
+//! transaction upserts and deletes.
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -12,7 +10,7 @@ use super::StoreError;
 use crate::model::{Api, Certificate, Config, Consumer, Kind, Spec, Upstream};
 
 /// A resource kind stored one row per named element.
-trait Resource: Serialize + DeserializeOwned {
+trait Resource: Serialize + DeserializeOwned + PartialEq {
     const KIND: Kind;
     fn name(&self) -> &str;
 }
@@ -91,31 +89,6 @@ fn decode<R: Resource>(name: &str, body: &str) -> Result<R, String> {
     Ok(resource)
 }
 
-/// `(kind, name) -> JSON body` of every resource.
-pub(super) type Rows = BTreeMap<(Kind, String), String>;
-
-pub(super) fn rows(config: &Config) -> Result<Rows, StoreError> {
-    fn add<R: Resource>(rows: &mut Rows, items: &[R]) -> Result<(), StoreError> {
-        for item in items {
-            let body = serde_json::to_string(item).map_err(|e| StoreError::Encode {
-                kind: kind_name(R::KIND).into(),
-                name: item.name().into(),
-                reason: e.to_string(),
-            })?;
-            // Duplicate names cannot reach here: snapshot validation rejects them first.
-            rows.insert((R::KIND, item.name().to_owned()), body);
-        }
-        Ok(())
-    }
-    let mut rows = Rows::new();
-    add(&mut rows, &config.certificates)?;
-    add(&mut rows, &config.upstreams)?;
-    add(&mut rows, &config.specs)?;
-    add(&mut rows, &config.consumers)?;
-    add(&mut rows, &config.apis)?;
-    Ok(rows)
-}
-
 #[derive(Debug, Default)]
 pub(super) struct Diff {
     pub upserts: Vec<(Kind, String, String)>,
@@ -129,18 +102,58 @@ impl Diff {
 }
 
 /// The row writes that turn `old` into `new`; unchanged rows are left alone so
-/// their `updated_at` keeps meaning "last changed".
-pub(super) fn diff(old: &Rows, new: &Rows) -> Diff {
+/// their `updated_at` keeps meaning "last changed". Only changed resources are
+/// encoded: a write to one API of ten thousand encodes one body. Both configs
+/// must be sorted by name (see [`sort`]).
+pub(super) fn diff(old: &Config, new: &Config) -> Result<Diff, StoreError> {
     let mut diff = Diff::default();
-    for ((kind, name), body) in new {
-        if old.get(&(*kind, name.clone())) != Some(body) {
-            diff.upserts.push((*kind, name.clone(), body.clone()));
+    diff_items(&mut diff, &old.certificates, &new.certificates)?;
+    diff_items(&mut diff, &old.upstreams, &new.upstreams)?;
+    diff_items(&mut diff, &old.specs, &new.specs)?;
+    diff_items(&mut diff, &old.consumers, &new.consumers)?;
+    diff_items(&mut diff, &old.apis, &new.apis)?;
+    Ok(diff)
+}
+
+fn diff_items<R: Resource>(diff: &mut Diff, old: &[R], new: &[R]) -> Result<(), StoreError> {
+    let find = |items: &[R], name: &str| items.binary_search_by(|item| item.name().cmp(name)).ok();
+    for item in new {
+        if find(old, item.name()).is_none_or(|i| old[i] != *item) {
+            let body = serde_json::to_string(item).map_err(|e| StoreError::Encode {
+                kind: kind_name(R::KIND).into(),
+                name: item.name().into(),
+                reason: e.to_string(),
+            })?;
+            diff.upserts.push((R::KIND, item.name().to_owned(), body));
         }
     }
-    for (kind, name) in old.keys() {
-        if !new.contains_key(&(*kind, name.clone())) {
-            diff.deletes.push((*kind, name.clone()));
+    for item in old {
+        if find(new, item.name()).is_none() {
+            diff.deletes.push((R::KIND, item.name().to_owned()));
         }
     }
-    diff
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn api(name: &str, prefix: &str) -> Api {
+        serde_json::from_value(serde_json::json!({ "name": name, "path_prefix": prefix, "upstream": "u" })).unwrap()
+    }
+
+    #[test]
+    fn diff_writes_only_what_changed() {
+        let old = Config { apis: vec![api("a", "/a"), api("b", "/b"), api("c", "/c")], ..Config::default() };
+        let new = Config { apis: vec![api("a", "/a"), api("b", "/b2"), api("d", "/d")], ..Config::default() };
+        let diff = diff(&old, &new).unwrap();
+        let upserted: Vec<(Kind, &str)> = diff.upserts.iter().map(|(kind, name, _)| (*kind, name.as_str())).collect();
+        assert_eq!(upserted, vec![(Kind::Api, "b"), (Kind::Api, "d")]);
+        let body: Api = serde_json::from_str(&diff.upserts[0].2).unwrap();
+        assert_eq!(body, new.apis[1]);
+        assert_eq!(diff.deletes, vec![(Kind::Api, "c".to_string())]);
+        assert!(super::diff(&new, &new).unwrap().is_empty());
+    }
 }

@@ -134,13 +134,14 @@ on_both_stores!(
     subscribers_see_the_latest_version,
     data_planes_upsert_list_purge,
     reopening_keeps_everything,
+    two_control_planes_see_each_others_writes,
 );
 
 async fn open_commits_version_one(db: &TestDb) {
     let store = db.open().await;
     assert_eq!(store.current_version(), 1);
     assert_eq!(*store.subscribe().borrow(), 1);
-    assert_eq!(store.config().await.unwrap(), Config::default());
+    assert_eq!(*store.config().await.unwrap(), Config::default());
     assert_eq!(store.api_key_hmac_key().len(), 32);
     assert_eq!(store.backend(), if db.postgres.is_some() { "postgres" } else { "sqlite" });
 
@@ -175,7 +176,7 @@ async fn write_commits_next_version(db: &TestDb) {
     let config = store.config().await.unwrap();
     assert_eq!(config.upstreams, vec![upstream("shop-backend")]);
     assert_eq!(config.apis, vec![api("shop", "shop-backend")]);
-    assert_eq!(store.snapshot_config(2).await.unwrap().as_ref(), Some(&config));
+    assert_eq!(store.snapshot_config(2).await.unwrap().as_ref(), Some(&*config));
     assert_eq!(store.snapshot_config(1).await.unwrap(), Some(Config::default()));
 
     let snapshot = store.snapshot(2).await.unwrap().expect("version 2 stored");
@@ -203,7 +204,7 @@ async fn write_commits_next_version(db: &TestDb) {
         .await
         .unwrap();
     assert_eq!((committed.version, committed.changed), (3, true));
-    assert_eq!(store.config().await.unwrap(), Config::default());
+    assert_eq!(*store.config().await.unwrap(), Config::default());
     assert_eq!(store.latest_snapshot().await.unwrap().hash, history[1].hash, "same content as version 1");
     store.close().await;
 }
@@ -219,7 +220,7 @@ async fn invalid_change_commits_nothing(db: &TestDb) {
         .unwrap_err();
     let WriteError::Invalid(violations) = error else { panic!("expected Invalid, got {error:?}") };
     assert!(violations.iter().any(|v| v.path == "/apis/shop/upstream"), "{violations:?}");
-    assert_eq!(store.config().await.unwrap(), Config::default());
+    assert_eq!(*store.config().await.unwrap(), Config::default());
     assert_eq!(store.list_snapshots(None, 10).await.unwrap().len(), 1);
     assert_eq!(store.current_version(), 1);
     store.close().await;
@@ -251,7 +252,7 @@ async fn closure_error_rolls_back(db: &TestDb) {
         .await
         .unwrap_err();
     assert!(matches!(error, WriteError::Rejected("name taken")), "{error:?}");
-    assert_eq!(store.config().await.unwrap(), Config::default());
+    assert_eq!(*store.config().await.unwrap(), Config::default());
     assert_eq!(store.current_version(), 1);
     // The store is still writable: nothing was left locked.
     let committed = store
@@ -288,7 +289,7 @@ async fn concurrent_writes_get_consecutive_versions(db: &TestDb) {
     }
     versions.sort_unstable();
     assert_eq!(versions, (2..=21).collect::<Vec<u64>>());
-    let names = store.config().await.unwrap().upstreams.into_iter().map(|u| u.name).collect::<BTreeSet<_>>();
+    let names = store.config().await.unwrap().upstreams.iter().map(|u| u.name.clone()).collect::<BTreeSet<_>>();
     assert_eq!(names, (0..20).map(|i| format!("u{i:02}")).collect());
     assert_eq!(store.current_version(), 21);
     assert_eq!(store.latest_snapshot().await.unwrap().upstreams.len(), 20);
@@ -432,4 +433,37 @@ fn unsupported_urls_name_only_the_scheme() {
     let error = Backend::of_url("mysql://root:hunter2@db/x").unwrap_err();
     assert!(matches!(&error, StoreError::UnsupportedUrl { scheme } if scheme == "mysql"));
     assert!(!error.to_string().contains("hunter2"));
+}
+
+/// Each store keeps the configuration of the newest version it saw in memory;
+/// a write by another control plane on the same database must still be seen
+/// by reads and kept by the next write here, never overwritten from a stale copy.
+async fn two_control_planes_see_each_others_writes(db: &TestDb) {
+    let first = db.open().await;
+    let second = db.open().await;
+    let add_upstream = |name: &'static str| {
+        move |config: &mut Config| {
+            config.upstreams.push(upstream(name));
+            Ok::<_, Infallible>(())
+        }
+    };
+    first.write("first: a", add_upstream("a")).await.unwrap();
+    assert_eq!(first.config().await.unwrap().upstreams, vec![upstream("a")]);
+
+    second.write("second: b", add_upstream("b")).await.unwrap();
+    assert_eq!(first.config().await.unwrap().upstreams, vec![upstream("a"), upstream("b")]);
+
+    second.write("second: c", add_upstream("c")).await.unwrap();
+    let committed = first.write("first: d", add_upstream("d")).await.unwrap();
+    assert_eq!(committed.version, 5);
+    let everything = vec![upstream("a"), upstream("b"), upstream("c"), upstream("d")];
+    assert_eq!(first.config().await.unwrap().upstreams, everything);
+    assert_eq!(second.config().await.unwrap().upstreams, everything);
+    // What the store wrote is what a fresh reader loads from the rows.
+    let fresh = db.open().await;
+    assert_eq!(fresh.config().await.unwrap().upstreams, everything);
+    assert_eq!(fresh.snapshot_config(5).await.unwrap().map(|c| c.upstreams), Some(everything));
+    first.close().await;
+    second.close().await;
+    fresh.close().await;
 }
