@@ -55,10 +55,9 @@ fn pick(entries: &[Entry], method: &Method) -> Result<usize, Vec<String>> {
     Err(allow.into_iter().map(str::to_string).collect())
 }
 
-fn push_entry(entries: &mut Vec<Entry>, entry: Entry, route: &str, names: &[String]) -> Result<(), Conflict> {
+fn push_entry(entries: &mut Vec<Entry>, entry: Entry, route: &str, names: &[&str]) -> Result<(), Conflict> {
     if let Some(other) = entries.iter().find(|e| e.overlaps(&entry)) {
-        let (a, b) =
-            (names.get(other.api).map_or("?", String::as_str), names.get(entry.api).map_or("?", String::as_str));
+        let (a, b) = (names.get(other.api).copied().unwrap_or("?"), names.get(entry.api).copied().unwrap_or("?"));
         return Err(Conflict {
             route: route.to_string(),
             detail: format!("APIs `{a}` and `{b}` both serve `{route}` for the same host and method"),
@@ -151,7 +150,7 @@ pub struct Matcher {
 
 impl Matcher {
     /// Builds the matcher; `names` are the API names, for conflict messages.
-    pub fn build<'a>(routes: impl IntoIterator<Item = RouteSpec<'a>>, names: &[String]) -> Result<Self, Conflict> {
+    pub fn build<'a>(routes: impl IntoIterator<Item = RouteSpec<'a>>, names: &[&str]) -> Result<Self, Conflict> {
         let mut matcher = Matcher::default();
         for route in routes {
             let methods = if route.methods.is_empty() {
@@ -229,7 +228,7 @@ impl Matcher {
     }
 }
 
-fn insert(level: &mut HostRoutes, entry: &Entry, route: &RouteSpec<'_>, names: &[String]) -> Result<(), Conflict> {
+fn insert(level: &mut HostRoutes, entry: &Entry, route: &RouteSpec<'_>, names: &[&str]) -> Result<(), Conflict> {
     if route.paths.is_empty() {
         let mut node = &mut level.prefixes;
         for segment in route.path_prefix.split('/').filter(|s| !s.is_empty()) {
@@ -299,6 +298,7 @@ mod tests {
 
     fn build(apis: &[Api]) -> Result<Matcher, Conflict> {
         let names: Vec<String> = (0..apis.len()).map(|i| format!("api{i}")).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
         let routes = apis.iter().enumerate().map(|(i, a)| RouteSpec {
             api: i,
             hosts: &a.hosts,
