@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use prost::Message;
-use sluice_proto::Violation;
+use sluice_proto::{Violation, v1};
 use sqlx::any::AnyPoolOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
 use sqlx::{AnyPool, ConnectOptions, Connection, Row};
@@ -146,6 +146,15 @@ impl Backend {
     }
 }
 
+/// The configuration and snapshot of one version; the snapshot when this
+/// process built it (then the sync server need not read it back).
+#[derive(Clone)]
+struct Newest {
+    version: u64,
+    config: Arc<Config>,
+    snapshot: Option<Arc<v1::Snapshot>>,
+}
+
 /// The configuration store. Cheap to clone; every clone is the same store.
 #[derive(Clone)]
 pub struct Store {
@@ -158,12 +167,11 @@ struct Inner {
     secrets: SecretBox,
     api_key_hmac_key: Vec<u8>,
     versions: watch::Sender<u64>,
-    /// The configuration as of the newest version this process has seen,
-    /// with that version. Reading ten thousand rows and decoding their JSON
-    /// costs far more than every other step of a write; the cache is used
-    /// only when the version matches the database's newest, so a write by
-    /// another control plane on the same database makes it reload.
-    committed: std::sync::Mutex<Option<(u64, Arc<Config>)>>,
+    /// The newest version this process has seen. Reading ten thousand rows
+    /// and decoding their JSON costs far more than every other step of a
+    /// write; this is used only when its version is the database's newest, so
+    /// a write by another control plane on the same database makes it reload.
+    newest: std::sync::Mutex<Option<Newest>>,
     /// Dropped with the store; ends the background version watcher.
     _shutdown: watch::Sender<()>,
 }
@@ -210,7 +218,7 @@ impl Store {
                 secrets,
                 api_key_hmac_key,
                 versions,
-                committed: std::sync::Mutex::default(),
+                newest: std::sync::Mutex::default(),
                 _shutdown: shutdown,
             }),
         };
@@ -278,31 +286,29 @@ impl Store {
     }
 
     /// The configuration of version `head`, which the caller has just read as
-    /// the newest: from the cache when it holds that version, else loaded.
+    /// the newest: from memory when it holds that version, else loaded.
     /// Loaded after `head` was read, the rows are never older than `head`, so
-    /// a cache entry can only be newer than its label, never stale.
+    /// what is kept can only be newer than its label, never stale.
     async fn config_at(&self, conn: &mut sqlx::AnyConnection, head: Option<u64>) -> Result<Arc<Config>, StoreError> {
-        if let Some(head) = head
-            && let Some(config) = self.cached_config(head)
-        {
-            return Ok(config);
+        if let Some(newest) = head.and_then(|head| self.newest_if(head)) {
+            return Ok(newest.config);
         }
         let config = Arc::new(resources::load(conn).await?);
-        if let Some(head) = head {
-            self.remember_config(head, config.clone());
+        if let Some(version) = head {
+            self.remember(Newest { version, config: config.clone(), snapshot: None });
         }
         Ok(config)
     }
 
-    fn cached_config(&self, version: u64) -> Option<Arc<Config>> {
-        let committed = self.inner.committed.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        committed.as_ref().filter(|(cached, _)| *cached == version).map(|(_, config)| config.clone())
+    fn newest_if(&self, version: u64) -> Option<Newest> {
+        let newest = self.inner.newest.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        newest.as_ref().filter(|newest| newest.version == version).cloned()
     }
 
-    fn remember_config(&self, version: u64, config: Arc<Config>) {
-        let mut committed = self.inner.committed.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if committed.as_ref().is_none_or(|(cached, _)| *cached <= version) {
-            *committed = Some((version, config));
+    fn remember(&self, seen: Newest) {
+        let mut newest = self.inner.newest.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if newest.as_ref().is_none_or(|newest| newest.version <= seen.version) {
+            *newest = Some(seen);
         }
     }
 
@@ -405,7 +411,6 @@ impl Store {
                 .await?;
         }
         tx.commit().await?;
-        self.remember_config(version, Arc::new(config));
 
         tracing::info!(
             version,
@@ -416,6 +421,8 @@ impl Store {
             note,
             "configuration committed"
         );
+        // Before publishing, so the sync server finds the snapshot in memory.
+        self.remember(Newest { version, config: Arc::new(config), snapshot: Some(Arc::new(snapshot)) });
         self.publish(version);
         Ok(Committed { value, version, changed: true })
     }

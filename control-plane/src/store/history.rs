@@ -2,6 +2,8 @@
 //! pushes (`latest_snapshot`), and what `/v1/snapshots` lists, shows and rolls
 //! back to.
 
+use std::sync::Arc;
+
 use prost::Message;
 use serde::Serialize;
 use sluice_proto::v1;
@@ -26,13 +28,19 @@ pub struct SnapshotSummary {
 }
 
 impl Store {
-    /// The newest snapshot.
-    pub async fn latest_snapshot(&self) -> Result<v1::Snapshot, StoreError> {
+    /// The newest snapshot: the one this process just committed, if it is
+    /// still the newest, else read back from the database.
+    pub async fn latest_snapshot(&self) -> Result<Arc<v1::Snapshot>, StoreError> {
+        let mut conn = self.inner.pool.acquire().await?;
+        let head = latest_head(&mut conn).await?.ok_or(StoreError::NoSnapshot)?;
+        if let Some(snapshot) = self.newest_if(head.0).and_then(|newest| newest.snapshot) {
+            return Ok(snapshot);
+        }
         let row = sqlx::query("SELECT version, snapshot FROM snapshots ORDER BY version DESC LIMIT 1")
-            .fetch_optional(&self.inner.pool)
+            .fetch_optional(&mut *conn)
             .await?
             .ok_or(StoreError::NoSnapshot)?;
-        decode_snapshot(&row)
+        decode_snapshot(&row).map(Arc::new)
     }
 
     pub async fn snapshot(&self, version: u64) -> Result<Option<v1::Snapshot>, StoreError> {

@@ -116,9 +116,14 @@ pub(super) fn diff(old: &Config, new: &Config) -> Result<Diff, StoreError> {
 }
 
 fn diff_items<R: Resource>(diff: &mut Diff, old: &[R], new: &[R]) -> Result<(), StoreError> {
-    let find = |items: &[R], name: &str| items.binary_search_by(|item| item.name().cmp(name)).ok();
-    for item in new {
-        if find(old, item.name()).is_none_or(|i| old[i] != *item) {
+    // Most writes change items in place, so the same position usually holds
+    // the same name; otherwise search (the lists are sorted by name).
+    let find = |items: &[R], at: usize, name: &str| match items.get(at) {
+        Some(item) if item.name() == name => Some(at),
+        _ => items.binary_search_by(|item| item.name().cmp(name)).ok(),
+    };
+    for (at, item) in new.iter().enumerate() {
+        if find(old, at, item.name()).is_none_or(|i| old[i] != *item) {
             let body = serde_json::to_string(item).map_err(|e| StoreError::Encode {
                 kind: kind_name(R::KIND).into(),
                 name: item.name().into(),
@@ -127,8 +132,8 @@ fn diff_items<R: Resource>(diff: &mut Diff, old: &[R], new: &[R]) -> Result<(), 
             diff.upserts.push((R::KIND, item.name().to_owned(), body));
         }
     }
-    for item in old {
-        if find(new, item.name()).is_none() {
+    for (at, item) in old.iter().enumerate() {
+        if find(new, at, item.name()).is_none() {
             diff.deletes.push((R::KIND, item.name().to_owned()));
         }
     }

@@ -183,7 +183,8 @@ async fn write_commits_next_version(db: &TestDb) {
     assert_eq!(snapshot.version, 2);
     assert_eq!(snapshot.apis[0].name, "shop");
     assert_eq!(snapshot.upstreams[0].name, "shop-backend");
-    assert_eq!(store.latest_snapshot().await.unwrap(), snapshot);
+    // From memory (this store committed it), equal to what the database holds.
+    assert_eq!(*store.latest_snapshot().await.unwrap(), snapshot);
 
     let history = store.list_snapshots(None, 10).await.unwrap();
     assert_eq!(history.iter().map(|s| s.version).collect::<Vec<_>>(), [2, 1]);
@@ -452,6 +453,9 @@ async fn two_control_planes_see_each_others_writes(db: &TestDb) {
 
     second.write("second: b", add_upstream("b")).await.unwrap();
     assert_eq!(first.config().await.unwrap().upstreams, vec![upstream("a"), upstream("b")]);
+    let latest = first.latest_snapshot().await.unwrap();
+    assert_eq!(latest.version, 3);
+    assert_eq!(latest.upstreams.iter().map(|u| u.name.as_str()).collect::<Vec<_>>(), ["a", "b"]);
 
     second.write("second: c", add_upstream("c")).await.unwrap();
     let committed = first.write("first: d", add_upstream("d")).await.unwrap();

@@ -81,7 +81,7 @@ async fn run(store: Store, coalesce: Coalesce, tx: watch::Sender<Latest>, mut sh
                 tx.send_if_modified(|current| {
                     let newer = current.as_ref().is_none_or(|c| snapshot.version > c.version);
                     if newer {
-                        *current = Some(Arc::new(snapshot));
+                        *current = Some(snapshot);
                     }
                     newer
                 });

@@ -140,7 +140,7 @@ impl Session {
             latest_version = snapshot.version,
             "data plane connected"
         );
-        session.consider(Arc::new(snapshot));
+        session.consider(snapshot);
         session.save().await;
         Ok(session)
     }
