@@ -227,14 +227,19 @@ def section_push(s: dict) -> list[str]:
               "/v1/config`), then single-API writes on top; compile time from the data plane's "
               "`sluice_snapshot_compile_seconds` (sum/count deltas per swap); size is the protobuf snapshot as "
               "the data plane caches it (`--snapshot-cache`).", "",
+              "CPU per single-API write is the processes' user+system time over those writes, divided by "
+              "their number.", "",
               "| APIs | compile+swap ms (median of single-API writes) | first compile ms | snapshot size | "
-              "PUT /v1/config s | PUT → applied on both s | single-API write s | DP RSS | CP RSS |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "PUT /v1/config s | PUT → applied on both s | single-API write s | CPU ms per write: CP / each DP "
+              "| DP RSS | CP RSS |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for n, x in sizes.items():
+        cpu = x.get("write_cpu_ms")  # absent in runs before it was measured
+        cpu_text = f"{cpu['cp']:.0f} / {' / '.join(f'{d:.0f}' for d in cpu['dps'])}" if cpu else "-"
         lines.append(f"| {int(n):,} | {num(x['compile_ms_median'], 1)} | {num(x['first_compile_ms'], 1)} | "
                      f"{num((x['snapshot_bytes'] or 0) / 1024, 0)} KiB | {x['put_config_s']:.2f} | "
-                     f"{x['put_to_applied_s']:.2f} | {x['single_api_write_s_median']:.2f} | {mb(x['dp_rss_kb'])} | "
-                     f"{mb(x['cp_rss_kb'])} |")
+                     f"{x['put_to_applied_s']:.2f} | {x['single_api_write_s_median']:.2f} | {cpu_text} | "
+                     f"{mb(x['dp_rss_kb'])} | {mb(x['cp_rss_kb'])} |")
     big = sizes.get("10000", {}).get("compile_ms_median")
     lines += ["", f"* Target 10,000 APIs compile+swap ≤ 200 ms: {verdict(big, 200, False, 'ms')}", "",
               "**Live traffic during swaps.** GET through data plane 1 (175 connections) with the 10,000-API "

@@ -418,7 +418,14 @@ def push(ctx: Context) -> dict:
             first = (after[0] - before[0]) / max(1.0, after[1] - before[1])
             swaps = []
             single_writes = []
-            for k in range(1 if ctx.quick else 3):
+            # CPU time of every process over the single-API writes: what one
+            # write costs the control plane and each data plane, all steps
+            # included (admin call, diff, snapshot build, push, decode, verify,
+            # compile, cache, freeing the old table), whatever the machine's load.
+            processes = [sluice.cp, dp1.proc, dp2.proc]
+            cpu_before = [p.cpu_seconds() for p in processes]
+            n_writes = 1 if ctx.quick else 5
+            for k in range(n_writes):
                 before = compile_stats(dp1)
                 w0 = time.perf_counter()
                 version = sluice.put_api({**many_apis(1)[0], "strip_prefix": k % 2 == 0})
@@ -427,6 +434,8 @@ def push(ctx: Context) -> dict:
                 after = compile_stats(dp1)
                 if after[1] > before[1]:
                     swaps.append((after[0] - before[0]) / (after[1] - before[1]))
+                time.sleep(0.2)  # the replaced table is freed just after the swap
+            cpu_ms = [(p.cpu_seconds() - b) / n_writes * 1000 for p, b in zip(processes, cpu_before)]
             cache = d / f"{dp2.node_id}.snapshot"
             sizes[str(n)] = {
                 "apis": n + 1,
@@ -435,12 +444,14 @@ def push(ctx: Context) -> dict:
                 "compile_ms": [s * 1000 for s in swaps],
                 "compile_ms_median": statistics.median(swaps) * 1000 if swaps else None,
                 "single_api_write_s_median": statistics.median(single_writes),
+                "write_cpu_ms": {"cp": cpu_ms[0], "dps": cpu_ms[1:]},
                 "snapshot_bytes": cache.stat().st_size if cache.exists() else None,
                 "dp_rss_kb": dp1.proc.rss_kb(),
                 "cp_rss_kb": sluice.cp.rss_kb(),
             }
             procs.log(f"  {n} APIs: compile {sizes[str(n)]['compile_ms_median']} ms, "
-                      f"snapshot {sizes[str(n)]['snapshot_bytes']} bytes, PUT {put_s:.2f}s")
+                      f"snapshot {sizes[str(n)]['snapshot_bytes']} bytes, PUT {put_s:.2f}s, CPU ms per write "
+                      f"cp {cpu_ms[0]:.1f} dps {' '.join(f'{c:.1f}' for c in cpu_ms[1:])}")
 
         # 3. live traffic p99 while 10,000-API snapshots swap every second, vs. without
         target = Target("sluice", f"http://{dp1.http}/probe/x", dp1.proc)
