@@ -305,9 +305,15 @@ impl Store {
         newest.as_ref().filter(|newest| newest.version == version).cloned()
     }
 
+    /// Keeps `seen` unless what is kept is newer, or the same version with
+    /// its snapshot (a read that raced the write committing it must not drop
+    /// the snapshot the write kept).
     fn remember(&self, seen: Newest) {
         let mut newest = self.inner.newest.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if newest.as_ref().is_none_or(|newest| newest.version <= seen.version) {
+        let keep = newest.as_ref().is_some_and(|kept| {
+            kept.version > seen.version || (kept.version == seen.version && kept.snapshot.is_some())
+        });
+        if !keep {
             *newest = Some(seen);
         }
     }
