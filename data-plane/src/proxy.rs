@@ -5,6 +5,7 @@
 //! and metrics. Graceful: on shutdown it stops accepting and lets open
 //! connections finish.
 
+mod connection;
 mod error;
 mod forward;
 mod idle;
@@ -13,16 +14,13 @@ mod metrics;
 pub mod workers;
 
 use std::convert::Infallible;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio_rustls::TlsAcceptor;
@@ -33,7 +31,8 @@ pub use log::LoggedBody;
 pub use metrics::RequestMetrics;
 
 use crate::routing::{CompiledApi, RouteMiss, RoutingTable, TableStore};
-use idle::{ActiveRequest, ConnectionActivity};
+use connection::Protocols;
+use idle::ActiveRequest;
 use log::Exchange;
 
 /// Settings of the proxy listener (from the data plane's settings).
@@ -60,9 +59,6 @@ impl Default for ProxyOptions {
 /// Back-off after a failed accept (e.g. out of file descriptors), so the loop
 /// does not spin while the condition lasts.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
-
-/// How long an idle connection asked to close may take before it is dropped.
-const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 /// A client that connects and never finishes its handshake must not hold a
 /// task and a socket forever.
@@ -109,16 +105,7 @@ async fn serve_listener(
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let shared = Arc::new(Shared { tables, options });
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    // Idle connections and slow request heads are closed by `idle` with one
-    // timer per connection, instead of hyper's timer per request. Over TLS a
-    // response's head and body are written as one buffer, not a vectored
-    // write: rustls encrypts into its own buffer either way, and handing it
-    // several slices costs a list allocation per write (callgrind, https
-    // case: 1.4k instructions and 2 allocations fewer per request, both sides).
-    builder.http1().timer(TokioTimer::new()).keep_alive(true).header_read_timeout(None).writev(tls.is_none());
-    builder.http2().timer(TokioTimer::new());
-    let builder = Arc::new(builder);
+    let protocols = Arc::new(Protocols::new(tls.is_some()));
     let (stop_tx, stop_rx) = watch::channel(false);
     // Every connection task holds a sender; `recv` returns None once all are gone.
     let (open_tx, mut open_rx) = mpsc::channel::<()>(1);
@@ -139,7 +126,7 @@ async fn serve_listener(
         // Proxied traffic is latency-bound; small writes must not wait for Nagle.
         let _ = stream.set_nodelay(true);
         let shared = shared.clone();
-        let builder = builder.clone();
+        let protocols = protocols.clone();
         let stop_rx = stop_rx.clone();
         let open = open_tx.clone();
         // Two task types, not one with a branch: a task is as large as its
@@ -148,7 +135,7 @@ async fn serve_listener(
         match &tls {
             None => {
                 tokio::spawn(async move {
-                    serve_connection(stream, peer, shared, &builder, stop_rx).await;
+                    connection::serve(stream, peer, shared, &protocols, stop_rx).await;
                     drop(open);
                 });
             }
@@ -161,7 +148,7 @@ async fn serve_listener(
                     let mut stopping = stop_rx.clone();
                     tokio::select! {
                         result = handshake => match result {
-                            Ok(Ok(stream)) => serve_connection(stream, peer, shared, &builder, stop_rx).await,
+                            Ok(Ok(stream)) => connection::serve(stream, peer, shared, &protocols, stop_rx).await,
                             Ok(Err(e)) => debug!(%peer, error = %e, "TLS handshake failed"),
                             Err(_) => debug!(%peer, "TLS handshake timed out"),
                         },
@@ -177,62 +164,6 @@ async fn serve_listener(
     drop(open_tx);
     let _ = open_rx.recv().await;
     Ok(())
-}
-
-/// Serves one accepted connection (plain or after its TLS handshake) until it
-/// ends, or until shutdown asks it to finish its in-flight requests and close.
-async fn serve_connection<S>(
-    stream: S,
-    peer: SocketAddr,
-    shared: Arc<Shared>,
-    builder: &auto::Builder<TokioExecutor>,
-    mut stop_rx: watch::Receiver<bool>,
-) where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let client = Peer::new(peer.ip().to_canonical());
-    let activity = ConnectionActivity::new();
-    let idle_timeout = shared.options.idle_timeout;
-    let service = {
-        let activity = activity.clone();
-        service_fn(move |request| handle(request, shared.clone(), client.clone(), activity.begin()))
-    };
-    let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-    tokio::pin!(connection);
-    tokio::select! {
-        result = connection.as_mut() => {
-            if let Err(e) = result {
-                debug!(%peer, error = %e, "client connection ended with an error");
-            }
-        }
-        () = activity.idle_for(idle_timeout) => {
-            debug!(%peer, "closing an idle client connection");
-            // An idle keep-alive connection closes at once (HTTP/2: after a
-            // GOAWAY). One stuck in the middle of a request head would wait
-            // for the rest; it has had its time, so it is dropped after a
-            // short grace unless a request got in meanwhile, which is finished.
-            connection.as_mut().graceful_shutdown();
-            tokio::select! {
-                result = connection.as_mut() => {
-                    if let Err(e) = result {
-                        debug!(%peer, error = %e, "idle client connection ended with an error while closing");
-                    }
-                }
-                () = tokio::time::sleep(IDLE_CLOSE_GRACE) => {
-                    if activity.in_flight() > 0 {
-                        let _ = connection.await;
-                    }
-                }
-            }
-        }
-        // The guard `wait_for` returns is not Send: drop it inside this future.
-        () = async { let _ = stop_rx.wait_for(|stop| *stop).await; } => {
-            connection.as_mut().graceful_shutdown();
-            if let Err(e) = connection.await {
-                debug!(%peer, error = %e, "client connection ended with an error while draining");
-            }
-        }
-    }
 }
 
 /// The client's address, with its `X-Forwarded-For` form built once per connection.
@@ -266,7 +197,7 @@ fn handle(
             active,
             started: Instant::now(),
             method: request.method().clone(),
-            uri: request.uri().clone(),
+            path: request.uri().path().into(),
             api: None,
             upstream_target: None,
             consumer: None,
@@ -286,7 +217,7 @@ fn handle(
                     }
                     Origin::Internal => warn!(%error, request_id, "internal proxy error"),
                 }
-                error.to_response(exchange.uri.path(), &request_id)
+                error.to_response(&exchange.path, &request_id)
             }
         };
         exchange.status = response.status();
@@ -316,7 +247,7 @@ fn route_and_forward<'a>(
             Err(RouteMiss::NotFound) => {
                 return Err(ProxyError::NoRoute {
                     method: exchange.method.to_string(),
-                    path: exchange.uri.path().to_string(),
+                    path: exchange.path.to_string(),
                 });
             }
             Err(RouteMiss::MethodNotAllowed { allow }) => match preflight_route(&table, host, &request) {
@@ -324,7 +255,7 @@ fn route_and_forward<'a>(
                 None => {
                     return Err(ProxyError::MethodNotAllowed {
                         method: exchange.method.to_string(),
-                        path: exchange.uri.path().to_string(),
+                        path: exchange.path.to_string(),
                         allow,
                     });
                 }

@@ -113,25 +113,32 @@ impl Outgoing {
     }
 
     /// The request of one attempt on `target`. Only an attempt that may be
-    /// followed by a retry (`keep_headers`) copies the headers; the usual
-    /// single attempt hands them over.
+    /// followed by a retry (`for_retry`) copies the path and headers; the
+    /// usual single attempt hands them over. Both share the client
+    /// connection's read buffer, which must not outlive the hand-over: the
+    /// buffer hyper reads the next request into is a new one until it does.
     fn for_target(
         &mut self,
         target: &Target,
         http2: bool,
         preserve_host: bool,
-        keep_headers: bool,
+        for_retry: bool,
     ) -> Result<Request<RequestBody>, ProxyError> {
+        let path_and_query = if for_retry {
+            self.path_and_query.clone()
+        } else {
+            std::mem::replace(&mut self.path_and_query, PathAndQuery::from_static("/"))
+        };
         // HTTP/2 names the target in the URI, HTTP/1.1 in `Host` (origin-form URI).
         let uri = if http2 {
             Uri::builder()
                 .scheme(target.scheme.clone())
                 .authority(target.authority.clone())
-                .path_and_query(self.path_and_query.clone())
+                .path_and_query(path_and_query)
                 .build()
                 .map_err(|e| ProxyError::Internal(format!("cannot build upstream URI: {e}")))?
         } else {
-            Uri::from(self.path_and_query.clone())
+            Uri::from(path_and_query)
         };
         let body = match self.body.take() {
             Some(incoming) if !self.replayable => incoming,
@@ -141,7 +148,7 @@ impl Outgoing {
         *request.method_mut() = self.method.clone();
         *request.uri_mut() = uri;
         *request.version_mut() = if http2 { Version::HTTP_2 } else { Version::HTTP_11 };
-        *request.headers_mut() = if keep_headers { self.headers.clone() } else { std::mem::take(&mut self.headers) };
+        *request.headers_mut() = if for_retry { self.headers.clone() } else { std::mem::take(&mut self.headers) };
         if !http2 && (!preserve_host || !request.headers().contains_key(header::HOST)) {
             request.headers_mut().insert(header::HOST, target.host_header.clone());
         }

@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::{Method, StatusCode, Uri};
+use http::{Method, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use serde::Serialize;
 
@@ -27,8 +27,12 @@ pub struct Exchange {
     pub active: ActiveRequest,
     pub started: Instant,
     pub method: Method,
-    /// Only its path is logged: a query string may carry secrets (API keys).
-    pub uri: Uri,
+    /// The request's path, copied: a query string may carry secrets (API
+    /// keys), so only the path is logged. Not the client's `Uri`, which
+    /// shares the connection's read buffer: held until the response ends,
+    /// it kept that 8 KiB buffer alive beside the one hyper reads the next
+    /// request into, for every open connection.
+    pub path: Box<str>,
     pub api: Option<Arc<CompiledApi>>,
     pub upstream_target: Option<Arc<Target>>,
     pub consumer: Option<Arc<str>>,
@@ -117,7 +121,7 @@ fn report(exchange: &Exchange, bytes: u64) {
         time: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
         api: exchange.api.as_ref().map(|api| api.name.as_str()),
         method: exchange.method.as_str(),
-        path: exchange.uri.path(),
+        path: &exchange.path,
         status: exchange.status.as_u16(),
         bytes,
         duration_ms: (elapsed.as_secs_f64() * 1e6).round() / 1e3,

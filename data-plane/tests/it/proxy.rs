@@ -24,6 +24,25 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 use tokio::task::{JoinHandle, JoinSet};
 
+/// A relay for one connection to `target` that passes on the client's first
+/// `first` bytes alone, pauses, then relays the rest both ways.
+async fn relay_splitting_after(target: SocketAddr, first: usize) -> Result<SocketAddr> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        let Ok((mut client, _)) = listener.accept().await else { return };
+        let Ok(mut server) = TcpStream::connect(target).await else { return };
+        let _ = server.set_nodelay(true);
+        let mut head = vec![0; first];
+        if client.read_exact(&mut head).await.is_err() || server.write_all(&head).await.is_err() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+    });
+    Ok(addr)
+}
+
 /// An echo server: answers every request with JSON naming itself and
 /// describing what it received. `/slow` waits, `/health` is a probe target,
 /// and `Connection: upgrade` switches to a raw byte echo.
@@ -207,6 +226,12 @@ async fn routes_by_host_path_and_method_with_problem_details() -> Result<()> {
     let body: Value = response.json().await?;
     assert_eq!((body["upstream"].as_str(), body["path"].as_str()), (Some("a"), Some("/h2")));
     assert_eq!(body["headers"]["via"], "2 sluice");
+    // So does one whose first bytes arrive alone, too few to tell HTTP/2 from HTTP/1.1.
+    let relay = relay_splitting_after(proxy.addr, 5).await?;
+    let response = h2.get(format!("http://{relay}/shop/h2-in-pieces")).send().await?;
+    assert_eq!(response.version(), reqwest::Version::HTTP_2);
+    let body: Value = response.json().await?;
+    assert_eq!(body["path"], "/h2-in-pieces");
 
     let (status, _, body) = send(c.get(proxy.url("/")).header("host", "admin.example.com")).await?;
     assert_eq!((status, body["upstream"].as_str()), (200, Some("b")));
@@ -648,6 +673,13 @@ async fn idle_client_connections_are_closed_but_slow_requests_are_not() -> Resul
     stream.write_all(b"GET /shop/never HTTP/1.1\r\nhost: te").await?;
     let (received, _, closed) = read_until_closed(&mut stream, started).await?;
     assert!(!received.starts_with("HTTP/1.1 200"), "an unfinished request is not forwarded: {received}");
+    assert!(closed >= margin, "closed after {closed:?}, before the timeout");
+
+    // So is one that never sends a byte.
+    let mut stream = TcpStream::connect(proxy.addr).await?;
+    let started = Instant::now();
+    let (received, _, closed) = read_until_closed(&mut stream, started).await?;
+    assert_eq!(received, "", "nothing was asked, nothing is answered");
     assert!(closed >= margin, "closed after {closed:?}, before the timeout");
 
     // A connection in use keeps being served.
