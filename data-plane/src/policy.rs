@@ -174,12 +174,16 @@ impl PolicyChain {
     /// The request path through the policies, in a fixed order whatever order
     /// the API lists them in; `forward` sends the request upstream. A policy
     /// that refuses answers with problem details, and the upstream sees
-    /// nothing. `consumer` is set once authentication has named one (for the
-    /// access log), even if a later policy refuses the request.
+    /// nothing. `instance` is the request's path, for problem details and
+    /// response validation: a copy, as the request's own URI shares the
+    /// client connection's read buffer. `consumer` is set once authentication
+    /// has named one (for the access log), even if a later policy refuses the
+    /// request.
     #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see proxy::handle)")]
     pub fn apply<F, Fut>(
         &self,
         mut request: Request<RequestBody>,
+        instance: &str,
         client_ip: IpAddr,
         consumer: &mut Option<Arc<str>>,
         forward: F,
@@ -194,9 +198,6 @@ impl PolicyChain {
                 request.headers_mut().remove(X_CONSUMER_USERNAME);
                 return forward(request).await;
             }
-            // The URI's clone shares its bytes; the path is the problem's `instance`.
-            let uri = request.uri().clone();
-            let instance = uri.path();
             let method = request.method().clone();
             // 1. CORS first: a preflight carries no credentials, so it is answered
             //    here before auth could 401 it; its headers go on every answer below.
@@ -349,5 +350,5 @@ impl BodyLimit {
 fn apply_is_send(chain: &PolicyChain, request: Request<RequestBody>, consumer: &mut Option<Arc<str>>) {
     fn send<T: Send>(_: T) {}
     let forward = |_| async { Err::<Response<ProxyBody>, _>(ProxyError::NotReady) };
-    send(chain.apply(request, IpAddr::from([127, 0, 0, 1]), consumer, forward));
+    send(chain.apply(request, "/", IpAddr::from([127, 0, 0, 1]), consumer, forward));
 }

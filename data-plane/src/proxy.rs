@@ -266,10 +266,11 @@ fn route_and_forward<'a>(
         let request = request.map(|body| body.map_err(Into::into).boxed());
         let (api, options) = (api.as_ref(), &shared.options);
         let mut consumer = None;
+        let path = exchange.path.clone();
         let result = {
             let exchange = &mut *exchange;
             api.policies
-                .apply(request, peer.ip, &mut consumer, move |request| {
+                .apply(request, &path, peer.ip, &mut consumer, move |request| {
                     forward::forward(api, request, peer, options, exchange)
                 })
                 .await

@@ -31,8 +31,8 @@ pub struct Exchange {
     /// keys), so only the path is logged. Not the client's `Uri`, which
     /// shares the connection's read buffer: held until the response ends,
     /// it kept that 8 KiB buffer alive beside the one hyper reads the next
-    /// request into, for every open connection.
-    pub path: Box<str>,
+    /// request into, for every open connection. Shared with the policy chain.
+    pub path: Arc<str>,
     pub api: Option<Arc<CompiledApi>>,
     pub upstream_target: Option<Arc<Target>>,
     pub consumer: Option<Arc<str>>,
