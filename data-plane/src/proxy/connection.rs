@@ -92,6 +92,7 @@ impl Protocols {
         http1.timer(TokioTimer::new()).keep_alive(true).header_read_timeout(None).writev(!tls);
         let mut http2 = http2::Builder::new(TokioExecutor::new());
         http2.timer(TokioTimer::new());
+        // The same settings again, for the connections `auto` serves (`Protocol::Unsure`).
         let mut auto = auto::Builder::new(TokioExecutor::new());
         auto.http1().timer(TokioTimer::new()).keep_alive(true).header_read_timeout(None).writev(!tls);
         auto.http2().timer(TokioTimer::new());
