@@ -63,7 +63,10 @@ pub struct CompiledApi {
     pub retries: u32,
     /// The API's policies, run between route match and upstream pick.
     pub policies: PolicyChain,
-    pub metrics: RequestMetrics,
+    /// Carried over per API name, like policy state: the handles it has
+    /// resolved stay resolved, so no request after a swap pays the registry
+    /// lookups again.
+    pub metrics: Arc<RequestMetrics>,
 }
 
 /// The compiled form of one snapshot. Immutable once built; requests hold an
@@ -103,7 +106,8 @@ impl RoutingTable {
 
 /// Compiles a snapshot. Upstream pools whose definition is unchanged since
 /// `previous` are carried over with their connections, health and counters.
-/// Policy state (rate-limit buckets, validators) is carried over per API name.
+/// Policy state (rate-limit buckets, validators) and request metrics are
+/// carried over per API name.
 pub fn compile(
     snapshot: &v1::Snapshot,
     previous: Option<&RoutingTable>,
@@ -126,7 +130,8 @@ pub fn compile(
     let consumers = Arc::new(ConsumerTags::new(&snapshot.consumers));
     let mut apis = Vec::with_capacity(snapshot.apis.len());
     for api in &snapshot.apis {
-        let old_policies = previous_apis.get(api.name.as_str()).map(|a| &a.policies);
+        let old = previous_apis.get(api.name.as_str());
+        let old_policies = old.map(|a| &a.policies);
         let policies = PolicyChain::compile(api, snapshot, &consumers, old_policies, ctx)
             .map_err(|reason| CompileError::Policy { api: api.name.clone(), reason })?;
         let upstream = upstreams
@@ -143,7 +148,10 @@ pub fn compile(
             request_timeout: millis_or(api.request_timeout_ms, DEFAULT_REQUEST_TIMEOUT),
             retries: api.retries,
             policies,
-            metrics: RequestMetrics::new(api.name.as_str().into()),
+            metrics: match old {
+                Some(old) => old.metrics.clone(),
+                None => Arc::new(RequestMetrics::new(api.name.as_str().into())),
+            },
         }));
     }
 
@@ -397,12 +405,14 @@ mod tests {
         s.version = 2;
         assert_eq!(store.apply(&s).unwrap(), ApplyOutcome::Unchanged);
 
-        // A changed API keeps the unchanged upstream pool.
+        // A changed API keeps the unchanged upstream pool ...
         s.version = 3;
         s.apis[0].strip_prefix = true;
         assert!(matches!(store.apply(&s).unwrap(), ApplyOutcome::Swapped { version: 3, .. }));
         let second = store.load().unwrap();
         assert!(Arc::ptr_eq(first.upstream("u").unwrap(), second.upstream("u").unwrap()));
+        // ... and the API its resolved metric handles.
+        assert!(Arc::ptr_eq(&first.apis()[0].metrics, &second.apis()[0].metrics));
 
         let mut bad = s.clone();
         bad.version = 4;
