@@ -5,6 +5,7 @@
 //! and metrics. Graceful: on shutdown it stops accepting and lets open
 //! connections finish.
 
+mod balance;
 mod connection;
 mod error;
 mod forward;
@@ -14,14 +15,14 @@ mod metrics;
 pub mod workers;
 
 use std::convert::Infallible;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, warn};
@@ -31,6 +32,7 @@ pub use log::LoggedBody;
 pub use metrics::RequestMetrics;
 
 use crate::routing::{CompiledApi, RouteMiss, RoutingTable, TableStore};
+use balance::Seat;
 use connection::Protocols;
 use idle::ActiveRequest;
 use log::Exchange;
@@ -49,6 +51,13 @@ pub struct ProxyOptions {
 
 /// How long an idle client connection is kept open unless configured.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl ProxyOptions {
+    /// The same options for the HTTPS listener.
+    fn over_tls(self) -> Self {
+        ProxyOptions { scheme: "https", ..self }
+    }
+}
 
 impl Default for ProxyOptions {
     fn default() -> Self {
@@ -79,7 +88,7 @@ pub async fn serve(
     options: ProxyOptions,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    serve_listener(listener, tables, options, None, shutdown).await
+    serve_listener(listener, tables, options, None, None, shutdown).await
 }
 
 /// Serves the HTTPS proxy: like [`serve`], with a TLS handshake (certificate
@@ -92,16 +101,18 @@ pub async fn serve_tls(
     tls: Arc<rustls::ServerConfig>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    let options = ProxyOptions { scheme: "https", ..options };
-    serve_listener(listener, tables, options, Some(TlsAcceptor::from(tls)), shutdown).await
+    serve_listener(listener, tables, options.over_tls(), Some(TlsAcceptor::from(tls)), None, shutdown).await
 }
 
 /// The accept loop both listeners share; `tls` set means a handshake first.
+/// A proxy worker accepts through its `seat`, only while it has its share of
+/// the connections (see `balance`).
 async fn serve_listener(
     listener: TcpListener,
     tables: Arc<TableStore>,
     options: ProxyOptions,
     tls: Option<TlsAcceptor>,
+    seat: Option<Seat>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let shared = Arc::new(Shared { tables, options });
@@ -114,7 +125,7 @@ async fn serve_listener(
     loop {
         let (stream, peer) = tokio::select! {
             () = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
+            accepted = accept(&listener, seat.as_ref()) => match accepted {
                 Ok(accepted) => accepted,
                 Err(e) => {
                     warn!(error = %e, "accept failed");
@@ -128,7 +139,8 @@ async fn serve_listener(
         let shared = shared.clone();
         let protocols = protocols.clone();
         let stop_rx = stop_rx.clone();
-        let open = open_tx.clone();
+        // Dropped when the connection ends: tells shutdown, and the worker balance.
+        let open = (open_tx.clone(), seat.as_ref().map(Seat::hold));
         // Two task types, not one with a branch: a task is as large as its
         // largest state, and a plain connection must not carry the room a TLS
         // handshake and session need (kilobytes per open connection).
@@ -164,6 +176,13 @@ async fn serve_listener(
     drop(open_tx);
     let _ = open_rx.recv().await;
     Ok(())
+}
+
+async fn accept(listener: &TcpListener, seat: Option<&Seat>) -> std::io::Result<(TcpStream, SocketAddr)> {
+    if let Some(seat) = seat {
+        seat.turn().await;
+    }
+    listener.accept().await
 }
 
 /// The client's address, with its `X-Forwarded-For` form built once per connection.

@@ -9,9 +9,9 @@
 //! (each worker keeps its own idle ones, see [`current`]) and their timers
 //! all live on one thread, as in nginx or Envoy.
 //!
-//! Every worker accepts on its own copy (`dup`) of each listening socket; the
-//! first worker free to accept takes a new connection, so a busy worker gets
-//! fewer. Control work (sync, ops, health checks) stays on the main runtime.
+//! Every worker accepts on its own copy (`dup`) of each listening socket,
+//! while it holds no more than its share of the open connections (see
+//! `balance`). Control work (sync, ops, health checks) stays on the main runtime.
 
 use std::cell::Cell;
 use std::num::NonZero;
@@ -21,8 +21,10 @@ use std::thread;
 
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
+use tokio_rustls::TlsAcceptor;
 
-use super::{ProxyOptions, serve, serve_tls};
+use super::balance::{Balance, Seat};
+use super::{ProxyOptions, serve_listener};
 use crate::routing::TableStore;
 
 thread_local! {
@@ -82,9 +84,11 @@ pub fn start(
     let http = listeners.http.into_std()?;
     let https = listeners.https.into_std()?;
     let count = count();
+    let balance = Balance::new(count);
     let mut ends = Vec::with_capacity(count);
     for index in 0..count {
         let (http, https) = (http.try_clone()?, https.try_clone()?);
+        let seat = balance.seat(index);
         let (tables, tls) = (tables.clone(), listeners.tls.clone());
         let (drain, end) = (stop.drain.clone(), stop.end.clone());
         let (end_tx, end_rx) = oneshot::channel();
@@ -99,7 +103,7 @@ pub fn start(
             };
             runtime.block_on(async move {
                 let served = tokio::select! {
-                    served = serve_both(http, https, tables, options, tls, drain) => served,
+                    served = serve_both(http, https, tables, options, tls, seat, drain) => served,
                     () = stopped(end.clone()) => Ok(()),
                 };
                 let _ = end_tx.send(served);
@@ -119,10 +123,14 @@ async fn serve_both(
     tables: Arc<TableStore>,
     options: ProxyOptions,
     tls: Arc<rustls::ServerConfig>,
+    seat: Seat,
     drain: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    let http = serve(TcpListener::from_std(http)?, tables.clone(), options, stopped(drain.clone()));
-    let https = serve_tls(TcpListener::from_std(https)?, tables, options, tls, stopped(drain));
+    let (http, https) = (TcpListener::from_std(http)?, TcpListener::from_std(https)?);
+    let plain = Some(seat.clone());
+    let http = serve_listener(http, tables.clone(), options, None, plain, stopped(drain.clone()));
+    let https =
+        serve_listener(https, tables, options.over_tls(), Some(TlsAcceptor::from(tls)), Some(seat), stopped(drain));
     let (http, https) = tokio::join!(http, https);
     http.and(https)
 }

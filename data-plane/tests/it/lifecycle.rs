@@ -48,6 +48,39 @@ async fn sigterm_finishes_in_flight_requests_then_exits() -> Result<()> {
 }
 
 #[tokio::test]
+async fn client_connections_are_split_evenly_across_the_workers() -> Result<()> {
+    let upstream = Upstream::start("echo").await?;
+    let mut cp = FakeControlPlane::start().await?;
+    let dp = DataPlane::start(&cp.url(), &["--worker-threads", "2"]).await?;
+    let mut conn = cp.accept().await?;
+    conn.push(snapshot(1, &[upstream.url()])).await?;
+    conn.ack().await?;
+
+    // Twenty clients, each keeping its one connection open, opened at once.
+    let clients: Vec<reqwest::Client> = (0..20).map(|_| client()).collect();
+    let sent = clients.iter().enumerate().map(|(i, c)| c.get(dp.url(&format!("/items/{i}"))).send());
+    for response in futures_util::future::join_all(sent).await {
+        assert_eq!(response?.status().as_u16(), 200);
+    }
+    let open = |text: &str, worker: u8| metric_value(text, &format!("sluice_open_connections{{worker=\"{worker}\"}}"));
+    let text = client().get(dp.ops_url("/metrics")).send().await?.text().await?;
+    let (first, second) = (open(&text, 0).unwrap_or(-1.0), open(&text, 1).unwrap_or(-1.0));
+    assert_eq!(first + second, 20.0, "{text}");
+    assert!((first - second).abs() <= 3.0, "split {first}/{second}");
+
+    drop(clients);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = client().get(dp.ops_url("/metrics")).send().await?.text().await?;
+        if open(&text, 0) == Some(0.0) && open(&text, 1) == Some(0.0) {
+            return Ok(());
+        }
+        assert!(Instant::now() < deadline, "closed connections still counted:\n{text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
 async fn proxy_workers_all_serve_and_sigterm_drops_requests_past_the_grace() -> Result<()> {
     let upstream = Upstream::start("slow").await?;
     let mut cp = FakeControlPlane::start().await?;
