@@ -157,14 +157,13 @@ async fn serve_listener(
                     // The handshake runs in the connection's task so a slow
                     // client never stalls the accept loop; shutdown abandons it.
                     let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream));
-                    let mut stopping = stop_rx.clone();
                     tokio::select! {
                         result = handshake => match result {
                             Ok(Ok(stream)) => connection::serve(stream, peer, shared, &protocols, stop_rx).await,
                             Ok(Err(e)) => debug!(%peer, error = %e, "TLS handshake failed"),
                             Err(_) => debug!(%peer, "TLS handshake timed out"),
                         },
-                        () = async { let _ = stopping.wait_for(|stop| *stop).await; } => {}
+                        () = workers::stopped(stop_rx.clone()) => {}
                     }
                     drop(open);
                 });

@@ -27,6 +27,7 @@ use tokio_rustls::server::TlsStream;
 use tracing::debug;
 
 use super::idle::ConnectionActivity;
+use super::workers::stopped;
 use super::{Peer, Shared, handle};
 
 /// How long an idle connection asked to close may take before it is dropped.
@@ -107,7 +108,7 @@ pub(super) async fn serve<S: ClientStream>(
     peer: SocketAddr,
     shared: Arc<Shared>,
     protocols: &Protocols,
-    mut stop_rx: watch::Receiver<bool>,
+    stop_rx: watch::Receiver<bool>,
 ) {
     let activity = ConnectionActivity::new();
     let idle_timeout = shared.options.idle_timeout;
@@ -118,7 +119,7 @@ pub(super) async fn serve<S: ClientStream>(
             debug!(%peer, "closing a client connection that sent nothing");
             return;
         }
-        () = async { let _ = stop_rx.wait_for(|stop| *stop).await; } => return,
+        () = stopped(stop_rx.clone()) => return,
     };
     let client = Peer::new(peer.ip().to_canonical());
     let service = {
@@ -155,7 +156,7 @@ async fn drive<C, E>(
     peer: SocketAddr,
     activity: &ConnectionActivity,
     idle_timeout: Duration,
-    mut stop_rx: watch::Receiver<bool>,
+    stop_rx: watch::Receiver<bool>,
 ) where
     C: Future<Output = Result<(), E>>,
     E: Display,
@@ -186,8 +187,7 @@ async fn drive<C, E>(
                 }
             }
         }
-        // The guard `wait_for` returns is not Send: drop it inside this future.
-        () = async { let _ = stop_rx.wait_for(|stop| *stop).await; } => {
+        () = stopped(stop_rx) => {
             graceful_shutdown(connection.as_mut());
             if let Err(e) = connection.await {
                 debug!(%peer, error = %e, "client connection ended with an error while draining");

@@ -135,7 +135,8 @@ async fn serve_both(
     http.and(https)
 }
 
-/// Resolves once `signal` says stop.
+/// Resolves once `signal` says stop. The guard `wait_for` returns is not
+/// `Send`; it is dropped in here, so connection tasks can await this.
 pub(crate) async fn stopped(mut signal: watch::Receiver<bool>) {
     // An error means the sender is gone, which also means stop.
     let _ = signal.wait_for(|stop| *stop).await;
