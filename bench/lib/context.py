@@ -42,7 +42,7 @@ class Context:
 
     @property
     def fixtures(self) -> Path:
-        return self.repo.parent / "shared" / "fixtures"
+        return self.repo / "examples" / "fruitshop"
 
     def scenario_dir(self, name: str) -> Path:
         d = self.workdir / name

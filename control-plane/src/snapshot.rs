@@ -377,7 +377,7 @@ mod tests {
     use crate::model::{Api, Spec};
 
     fn fruitshop() -> Spec {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/fruitshop-v2-2-0.oas.yml");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/fruitshop/fruitshop-v2-2-0.oas.yml");
         Spec {
             name: "fruitshop".into(),
             content: std::fs::read_to_string(path).unwrap(),

@@ -320,12 +320,11 @@ fn server_base_path(server: &Value) -> Option<String> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 
     fn fruitshop() -> String {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/fruitshop-v2-2-0.oas.yml");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/fruitshop/fruitshop-v2-2-0.oas.yml");
         std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {path}: {e}"))
     }
 

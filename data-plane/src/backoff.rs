@@ -49,7 +49,6 @@ impl Default for Backoff {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -28,7 +28,6 @@ pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use std::time::Duration;
 

@@ -68,7 +68,6 @@ pub fn full_body(bytes: Bytes) -> ProxyBody {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -297,7 +297,6 @@ fn retire(table: Arc<RoutingTable>) {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

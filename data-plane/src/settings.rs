@@ -177,7 +177,6 @@ pub fn hostname() -> String {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

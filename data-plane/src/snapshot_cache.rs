@@ -63,7 +63,6 @@ pub fn store(path: &Path, snapshot: &Snapshot) -> Result<(), CacheError> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use sluice_proto::v1::{Api, Upstream};

@@ -334,7 +334,6 @@ impl UpstreamPool {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -25,7 +25,7 @@ pub async fn spawn(name: &str, args: &[&str]) -> Result<Process> {
 /// DESIGN.md's example config in `dir/config.yaml` (the Fruitshop spec copied
 /// beside it), proxying to `backend` with a per-consumer limit of `rate` an hour.
 pub fn design_example(dir: &Path, backend: &str, rate: u64) -> Result<PathBuf> {
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/fruitshop-v2-2-0.oas.yml");
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/fruitshop/fruitshop-v2-2-0.oas.yml");
     std::fs::copy(&fixture, dir.join("fruitshop-v2-2-0.oas.yml")).context("the fruitshop fixture")?;
     let config = format!(
         r#"upstreams:

@@ -141,7 +141,6 @@ fn diff_items<R: Resource>(diff: &mut Diff, old: &[R], new: &[R]) -> Result<(), 
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

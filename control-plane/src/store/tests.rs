@@ -1,7 +1,6 @@
 //! The store's test suite, run once on a temporary SQLite file and once on a
 //! fresh PostgreSQL database (`SLUICE_TEST_DATABASE_URL`; skipped when unset,
 //! a failure when unset or unreachable under `CI=true`).
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeSet;
 use std::time::Duration;

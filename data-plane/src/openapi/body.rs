@@ -182,7 +182,6 @@ fn declares_body(headers: &HeaderMap) -> bool {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use serde_json::json;
 

@@ -176,7 +176,6 @@ fn rewrite_schema_30(schema: &mut Map<String, Value>) {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use serde_json::json;
 

@@ -129,7 +129,6 @@ fn positional(template: &str) -> Result<(String, Vec<String>), SpecError> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

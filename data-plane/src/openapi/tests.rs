@@ -1,7 +1,6 @@
 //! Table tests for the `openapi` policy against real documents: the Fruitshop
-//! 3.0 spec from Membrane's benchmark (read from ../shared/fixtures at test
+//! 3.0 spec from Membrane's benchmark (read from examples/fruitshop at test
 //! time), and small 3.0/3.1 documents for nullable, `$ref` chains, recursion.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
 
@@ -13,7 +12,7 @@ use sluice_proto::v1;
 use super::{SpecValidator, ValidationFailure};
 
 fn fruitshop_json() -> String {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/fruitshop-v2-2-0.oas.yml");
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/fruitshop/fruitshop-v2-2-0.oas.yml");
     let yaml = std::fs::read_to_string(path).expect("the Fruitshop fixture is readable");
     let doc: Value = yaml_serde::from_str(&yaml).expect("the Fruitshop fixture is YAML");
     doc.to_string()

@@ -133,7 +133,7 @@ fn hex_digit(byte: u8) -> Option<u8> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::type_complexity)]
+#[allow(clippy::type_complexity)]
 mod tests {
     use super::*;
 

@@ -208,7 +208,7 @@ impl Authentication {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::type_complexity)]
+#[allow(clippy::type_complexity)]
 mod tests {
     use base64::Engine as _;
     use base64::engine::general_purpose::STANDARD;

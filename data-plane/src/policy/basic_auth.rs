@@ -181,7 +181,7 @@ impl LoginCache {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::type_complexity)]
+#[allow(clippy::type_complexity)]
 mod tests {
     use super::*;
     use argon2::PasswordHasher as _;

@@ -215,7 +215,7 @@ fn forbidden(detail: &str) -> Rejection {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::type_complexity)]
+#[allow(clippy::type_complexity)]
 mod tests {
     use super::*;
 

@@ -66,7 +66,7 @@ impl IpRestriction {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::type_complexity)]
+#[allow(clippy::type_complexity)]
 mod tests {
     use super::*;
 

@@ -408,7 +408,7 @@ fn validation(spec: &v1::JwtAuth, algorithm: Algorithm) -> Validation {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::type_complexity)]
+#[allow(clippy::type_complexity)]
 mod tests {
     use base64::Engine as _;
     use base64::engine::general_purpose::URL_SAFE_NO_PAD;

@@ -219,7 +219,7 @@ impl Body for LimitedBody {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::type_complexity)]
+#[allow(clippy::type_complexity)]
 mod tests {
     use super::*;
     use futures_util::stream;

@@ -117,7 +117,6 @@ impl ProxyError {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use http_body_util::BodyExt;

@@ -355,7 +355,6 @@ fn append_via(headers: &mut HeaderMap, version: Version) {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

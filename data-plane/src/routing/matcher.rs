@@ -280,7 +280,6 @@ fn strip_port(host: &str) -> &str {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -201,7 +201,6 @@ impl ServerCertVerifier for AcceptAnyCertificate {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 

@@ -203,7 +203,6 @@ pub fn hash64(bytes: &[u8]) -> u64 {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

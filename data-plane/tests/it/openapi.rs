@@ -110,7 +110,7 @@ impl Drop for Gateway {
 }
 
 fn fruitshop_json() -> Result<String> {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/fruitshop-v2-2-0.oas.yml");
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/fruitshop/fruitshop-v2-2-0.oas.yml");
     let yaml = std::fs::read_to_string(path).context("reading the Fruitshop fixture")?;
     let doc: Value = yaml_serde::from_str(&yaml)?;
     Ok(doc.to_string())

@@ -213,7 +213,7 @@ fn with_database(url: &str, database: &str) -> String {
 
 /// The Fruitshop spec from the shared fixtures, read at test time.
 pub fn fruitshop() -> String {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/fruitshop-v2-2-0.oas.yml");
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/fruitshop/fruitshop-v2-2-0.oas.yml");
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {path}: {e}"))
 }
 

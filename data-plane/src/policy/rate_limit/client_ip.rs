@@ -128,7 +128,6 @@ fn parse_hop(hop: &str) -> Option<IpAddr> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use http::HeaderValue;

@@ -107,7 +107,6 @@ fn short_digest(digest: &[u8]) -> String {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use http::{HeaderMap, HeaderValue};

@@ -1,8 +1,6 @@
 //! Unit tests of the rate-limit policy: compile, carry-over across swaps,
 //! local buckets and the responses they produce.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::net::IpAddr;
 
 use http::HeaderMap;
