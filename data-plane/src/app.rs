@@ -16,14 +16,14 @@ use tokio::sync::{oneshot, watch};
 use tracing::{error, info, warn};
 
 use crate::backoff::Backoff;
+use crate::base::worker;
 use crate::ops;
 use crate::policy::PolicyContext;
 use crate::policy::rate_limit::{RateLimitContext, RateLimitError};
-use crate::proxy::{ProxyOptions, workers};
+use crate::proxy::{self, ProxyOptions, TlsSetupError, workers};
 use crate::routing::TableStore;
 use crate::settings::{self, Settings};
 use crate::sync::{SyncClient, SyncError, SyncOptions, SyncState};
-use crate::tls::{self, TlsSetupError};
 
 /// The ops server has no long requests; it gets a short grace period of its own.
 const OPS_GRACE: Duration = Duration::from_secs(2);
@@ -74,7 +74,7 @@ impl App {
         let metrics = ops::metrics_handle();
         let node_id = settings.resolved_node_id();
         // Before any snapshot is compiled: upstream pools keep a stack per worker.
-        workers::plan(settings.worker_threads);
+        worker::plan(settings.worker_threads);
         let tables = Arc::new(TableStore::with_context(policy_context(&settings)?));
 
         let http_listener = bind("http", settings.http_addr)?;
@@ -82,7 +82,7 @@ impl App {
         let https_listener = bind("https", settings.https_addr)?;
         let http_addr = local_addr("http", &http_listener, settings.http_addr)?;
         let https_addr = local_addr("https", &https_listener, settings.https_addr)?;
-        let tls_config = tls::server_config(tables.clone())?;
+        let tls_config = proxy::tls_server_config(tables.clone())?;
         let ops_addr = local_addr("ops", &ops_listener, settings.ops_addr)?;
 
         let sync = SyncClient::new(
@@ -156,7 +156,7 @@ impl App {
             http_addr = %self.bound.http_addr,
             https_addr = %self.bound.https_addr,
             ops_addr = %self.bound.ops_addr,
-            proxy_workers = workers::count(),
+            proxy_workers = worker::count(),
             "data plane running"
         );
 

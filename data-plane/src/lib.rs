@@ -2,20 +2,29 @@
 //! compiles them into routing tables (`routing`), and proxies traffic by the
 //! current table (`proxy`, `upstream`); `app` assembles the process, `ops`
 //! serves probes and metrics.
+//!
+//! The request path, top-down; each module uses only those below it:
+//! `proxy` -> `routing` -> `policy` / `openapi` -> `upstream` -> `tls`, with
+//! `base` (what they all share) at the bottom.
 
+// The process around the request path.
 pub mod app;
 pub mod backoff;
-mod clock;
-mod fast_map;
 pub mod listener;
-pub mod openapi;
 pub mod ops;
-pub mod policy;
-pub mod problem;
-pub mod proxy;
-pub mod routing;
 pub mod settings;
 pub mod snapshot_cache;
 pub mod sync;
+
+// The request path (alphabetical here; the order it runs in is above).
+pub mod base;
+pub mod openapi;
+pub mod policy;
+pub mod proxy;
+pub mod routing;
 pub mod tls;
 pub mod upstream;
+
+// Helpers with no place in the flow.
+mod clock;
+mod fast_map;

@@ -26,10 +26,8 @@ use sluice_proto::v1::policy::Kind;
 pub use auth::X_CONSUMER_USERNAME;
 pub use problem::Rejection;
 
+use crate::base::{ProxyBody, ProxyError, RequestBody, full_body};
 use crate::openapi::{SpecValidator, ValidationFailure};
-use crate::problem::full_body;
-use crate::proxy::ProxyError;
-use crate::upstream::{ProxyBody, RequestBody};
 use auth::Authentication;
 pub use auth::ConsumerTags;
 use cors::{Cors, CorsStep};

@@ -7,11 +7,10 @@
 
 mod balance;
 mod connection;
-mod error;
 mod forward;
 mod idle;
 mod log;
-mod metrics;
+mod tls_server;
 pub mod workers;
 
 use std::convert::Infallible;
@@ -27,10 +26,10 @@ use tokio::sync::{mpsc, watch};
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, warn};
 
-pub use error::{Origin, ProxyError};
 pub use log::LoggedBody;
-pub use metrics::RequestMetrics;
+pub use tls_server::{TlsSetupError, tls_server_config};
 
+use crate::base::{Origin, ProxyBody, ProxyError};
 use crate::routing::{CompiledApi, RouteMiss, RoutingTable, TableStore};
 use balance::Seat;
 use connection::Protocols;
@@ -249,7 +248,7 @@ fn route_and_forward<'a>(
     shared: &'a Shared,
     peer: &'a Peer,
     exchange: &'a mut Exchange,
-) -> impl Future<Output = Result<Response<crate::upstream::ProxyBody>, ProxyError>> + 'a {
+) -> impl Future<Output = Result<Response<ProxyBody>, ProxyError>> + 'a {
     async move {
         // One load per request: the whole request, body streaming included, runs
         // on this table even if a newer one is swapped in meanwhile.

@@ -17,9 +17,9 @@ use sluice_proto::v1;
 
 pub use matcher::RouteMiss;
 
+use crate::base::RequestMetrics;
 use crate::fast_map::FastMap;
 use crate::policy::{ConsumerTags, PolicyChain, PolicyContext};
-use crate::proxy::RequestMetrics;
 use crate::tls::{CertificateError, CertificateSet};
 use crate::upstream::UpstreamPool;
 

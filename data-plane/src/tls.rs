@@ -1,12 +1,12 @@
-//! TLS on both sides of the proxy. Termination: the snapshot's certificates
-//! are compiled into a [`CertificateSet`] held by the routing table, and
-//! [`SniResolver`] picks one per handshake from the current table, so a new
+//! TLS on both sides of the proxy, the bottom of the request path.
+//! Termination: the snapshot's certificates are compiled into a
+//! [`CertificateSet`] held by the routing table, from which the proxy's HTTPS
+//! listener picks one per handshake (`proxy::tls_server_config`), so a new
 //! snapshot's certificates apply to the next handshake with no restart.
 //! Origination: each upstream with `https://` targets gets a rustls client
 //! config (roots or CA bundle, SNI, client certificate) built at compile time.
 
 mod certificates;
-mod server;
 mod upstream;
 
 use std::sync::{Arc, OnceLock};
@@ -14,7 +14,6 @@ use std::sync::{Arc, OnceLock};
 use rustls::crypto::CryptoProvider;
 
 pub use certificates::{CertificateError, CertificateSet, CompiledCertificate};
-pub use server::{SniResolver, TlsSetupError, server_config};
 pub use upstream::{UpstreamTls, UpstreamTlsError};
 
 /// The one crypto provider of the process (aws-lc-rs). Passed explicitly to

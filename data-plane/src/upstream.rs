@@ -13,29 +13,19 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::uri::{Authority, Scheme};
 use http::{HeaderValue, Request, Response, Uri};
-use http_body_util::combinators::BoxBody;
 use hyper_util::client::legacy::connect::HttpConnector;
 use metrics::Gauge;
 use sluice_proto::v1;
 
+use crate::base::{ProxyBody, RequestBody};
 use crate::clock::now_ms;
 use crate::tls::{CertificateSet, UpstreamTls};
 
 pub use balance::{Balancer, HashOn, PickContext, hash64};
 pub use connections::SendError;
 use connections::{Connections, Dialer};
-
-/// Body type on both legs of the proxy: a boxed stream, never buffered.
-pub type ProxyBody = BoxBody<Bytes, hyper::Error>;
-
-/// Body of a request on its way upstream. Its error is boxed, not
-/// `hyper::Error`, because the policy chain wraps the client's body (size
-/// limit while streaming, buffered for validation) and must be able to fail it.
-pub type RequestBody = BoxBody<Bytes, BoxError>;
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 const DEFAULT_EJECTION: Duration = Duration::from_secs(30);
 

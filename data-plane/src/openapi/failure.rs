@@ -8,8 +8,7 @@ use std::fmt;
 use http::{HeaderValue, Method, Response, StatusCode, header};
 use serde::Serialize;
 
-use crate::problem;
-use crate::upstream::ProxyBody;
+use crate::base::{ProxyBody, problem};
 
 const VALIDATION_SLUG: &str = "validation";
 

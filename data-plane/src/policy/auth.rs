@@ -16,8 +16,8 @@ use super::api_key::{ApiKeyAuth, remove_query_param};
 use super::basic_auth::{BasicAuth, Presented};
 use super::jwt::{JwtAuth, Verified};
 use super::problem::Rejection;
+use crate::base::RequestBody;
 use crate::fast_map::FastMap;
-use crate::upstream::RequestBody;
 
 /// Set by the gateway for the upstream; a client-sent value is always dropped
 /// so nobody can claim to be a consumer by sending the header.
@@ -218,7 +218,7 @@ mod tests {
     use sluice_proto::v1;
 
     use super::*;
-    use crate::policy::size_limit::full_body_request;
+    use crate::base::full_body_request;
 
     fn snapshot() -> v1::Snapshot {
         let mut mac = Hmac::<Sha256>::new_from_slice(b"k").unwrap();

@@ -9,8 +9,7 @@ use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, header};
 use sluice_proto::v1;
 
 use super::problem::Rejection;
-use crate::problem::full_body;
-use crate::upstream::ProxyBody;
+use crate::base::{ProxyBody, full_body};
 
 /// Used when the policy lists no methods: the methods browsers send cross-origin in practice.
 const DEFAULT_METHODS: &str = "GET, HEAD, POST, PUT, PATCH, DELETE";

@@ -4,8 +4,8 @@
 
 use http::{HeaderName, HeaderValue, Response, StatusCode};
 
-use crate::problem::Problem;
-use crate::upstream::ProxyBody;
+use crate::base::ProxyBody;
+use crate::base::problem::Problem;
 
 /// A request stopped by a policy. Nothing of it has reached the upstream.
 #[derive(Debug)]

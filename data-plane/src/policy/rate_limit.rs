@@ -46,8 +46,8 @@ use tracing::warn;
 
 pub use client_ip::{Cidr, CidrError, effective_client_ip};
 
-use crate::problem::Problem;
-use crate::upstream::ProxyBody;
+use crate::base::ProxyBody;
+use crate::base::problem::Problem;
 use cluster::{RedisFailure, RedisHandle};
 use key::KeyKind;
 use local::LocalBuckets;

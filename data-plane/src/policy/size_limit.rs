@@ -12,11 +12,11 @@ use std::task::{Context, Poll};
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Request, StatusCode, header};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::{BodyExt, Empty, Full};
+use http_body_util::{BodyExt, Empty};
 use sluice_proto::v1;
 
 use super::problem::Rejection;
-use crate::upstream::{BoxError, RequestBody};
+use crate::base::{BoxError, RequestBody, full_body_request};
 
 /// Cap on a body buffered for validation when the API sets no size limit, so
 /// that validation cannot be used to make the gateway hold unbounded memory.
@@ -151,11 +151,6 @@ impl Buffered {
             Buffered::Joined(joined) => joined.freeze(),
         }
     }
-}
-
-/// A fully known request body (one buffered for validation).
-pub(crate) fn full_body_request(bytes: Bytes) -> RequestBody {
-    Full::new(bytes).map_err(|never| match never {}).boxed()
 }
 
 /// What a request holds while its body is moved into a wrapper: an empty

@@ -11,11 +11,11 @@ use http_body::Body as _;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 
-use super::error::ProxyError;
 use super::log::Exchange;
 use super::{Peer, ProxyOptions};
+use crate::base::{ProxyBody, ProxyError, RequestBody};
 use crate::routing::CompiledApi;
-use crate::upstream::{InFlight, ProxyBody, RequestBody, SendError, Target};
+use crate::upstream::{InFlight, SendError, Target};
 
 /// Headers that describe one hop, never the end-to-end message (RFC 9110 §7.6.1).
 const HOP_BY_HOP: [HeaderName; 8] = [

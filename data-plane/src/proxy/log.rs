@@ -15,9 +15,9 @@ use http_body::{Body, Frame, SizeHint};
 use serde::Serialize;
 
 use super::idle::ActiveRequest;
-use super::metrics::UNROUTED;
+use crate::base::{ProxyBody, UNROUTED};
 use crate::routing::{CompiledApi, RoutingTable};
-use crate::upstream::{InFlight, ProxyBody, Target};
+use crate::upstream::{InFlight, Target};
 
 /// What is known about a request by the time its response starts. Built on
 /// every request: its fields are cheap clones (reference counts), never copies.

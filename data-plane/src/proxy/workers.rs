@@ -6,17 +6,14 @@
 //! work to each other. On a work-stealing runtime their tasks drift apart
 //! across threads, and every hand-off between threads costs a cross-thread
 //! wake-up and cache misses. Here a client connection, the upstream connections it uses
-//! (each worker keeps its own idle ones, see [`current`]) and their timers
+//! (each worker keeps its own idle ones, see [`worker::current`]) and their timers
 //! all live on one thread, as in nginx or Envoy.
 //!
 //! Every worker accepts on its own copy (`dup`) of each listening socket,
 //! while it holds no more than its share of the open connections (see
 //! `balance`). Control work (sync, ops, health checks) stays on the main runtime.
 
-use std::cell::Cell;
-use std::num::NonZero;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
 
 use tokio::net::TcpListener;
@@ -25,35 +22,8 @@ use tokio_rustls::TlsAcceptor;
 
 use super::balance::{Balance, Seat};
 use super::{ProxyOptions, serve_listener};
+use crate::base::worker;
 use crate::routing::TableStore;
-
-thread_local! {
-    static WORKER: Cell<usize> = const { Cell::new(0) };
-}
-
-/// How many workers this process runs; 0 until [`plan`] says.
-static PLANNED: AtomicUsize = AtomicUsize::new(0);
-
-/// Records how many workers the process will start (0: one per core), before
-/// anything that sizes per-worker state (a snapshot's upstream pools) is built.
-pub fn plan(count: usize) {
-    PLANNED.store(count, Ordering::Relaxed);
-}
-
-/// The workers planned, or one per core this process may use (its CPU
-/// affinity and cgroup quota) where the plan says 0 or nobody planned
-/// (tests and tools that serve on a runtime of their own).
-pub fn count() -> usize {
-    match PLANNED.load(Ordering::Relaxed) {
-        0 => thread::available_parallelism().map_or(1, NonZero::get),
-        n => n,
-    }
-}
-
-/// The proxy worker this thread is, counting from 0; 0 off the workers too.
-pub fn current() -> usize {
-    WORKER.with(Cell::get)
-}
 
 /// What the workers serve.
 pub struct Listeners {
@@ -72,7 +42,7 @@ pub struct Stop {
     pub end: watch::Receiver<bool>,
 }
 
-/// Starts [`count`] workers serving both listeners. Each returned receiver
+/// Starts [`worker::count`] workers serving both listeners. Each returned receiver
 /// yields its worker's end: `Ok` once drained (or ended), `Err` if its
 /// listener failed; a dropped sender means the worker panicked.
 pub fn start(
@@ -83,7 +53,7 @@ pub fn start(
 ) -> std::io::Result<Vec<oneshot::Receiver<std::io::Result<()>>>> {
     let http = listeners.http.into_std()?;
     let https = listeners.https.into_std()?;
-    let count = count();
+    let count = worker::count();
     let balance = Balance::new(count);
     let mut ends = Vec::with_capacity(count);
     for index in 0..count {
@@ -93,7 +63,7 @@ pub fn start(
         let (drain, end) = (stop.drain.clone(), stop.end.clone());
         let (end_tx, end_rx) = oneshot::channel();
         thread::Builder::new().name(format!("sluice-proxy-{index}")).spawn(move || {
-            WORKER.with(|worker| worker.set(index));
+            worker::enter(index);
             let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                 Ok(runtime) => runtime,
                 Err(e) => {

@@ -27,7 +27,9 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 use tower_service::Service as _;
 
-use super::{ProxyBody, RequestBody, Target};
+use super::Target;
+use crate::base::worker;
+use crate::base::{ProxyBody, RequestBody};
 
 /// How long an idle connection is kept unless the target says less (see
 /// [`idle_limit`]).
@@ -91,7 +93,7 @@ struct IdleConnection {
 
 impl Default for Connections {
     fn default() -> Self {
-        let stacks = crate::proxy::workers::count();
+        let stacks = worker::count();
         Connections { idle: (0..stacks).map(|_| Mutex::default()).collect(), shared_h2: Default::default() }
     }
 }
@@ -105,7 +107,7 @@ impl Connections {
     }
 
     fn local_index(&self) -> usize {
-        crate::proxy::workers::current() % self.idle.len()
+        worker::current() % self.idle.len()
     }
 
     /// This worker's most recently used idle connection. `None` means the

@@ -26,7 +26,6 @@ use rustls::{ClientConfig, ProtocolVersion, RootCertStore, ServerConfig, Support
 use serde_json::{Value, json};
 use sluice_data_plane::proxy::{self, ProxyOptions};
 use sluice_data_plane::routing::TableStore;
-use sluice_data_plane::tls;
 use sluice_proto::v1;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -211,7 +210,7 @@ impl Gateway {
         };
         let options = ProxyOptions { access_log: false, ..ProxyOptions::default() };
         tokio::spawn(proxy::serve(http_listener, tables.clone(), options, wait(stopped.clone())));
-        let config = tls::server_config(tables.clone())?;
+        let config = proxy::tls_server_config(tables.clone())?;
         tokio::spawn(proxy::serve_tls(https_listener, tables.clone(), options, config, wait(stopped)));
         Ok(Gateway { tables, http, https, stop })
     }

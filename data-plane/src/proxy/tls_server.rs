@@ -1,5 +1,5 @@
-//! TLS termination, at accept time: the one `ServerConfig` of the HTTPS
-//! listener, built once at start, and the resolver that picks each
+//! TLS termination, at accept time on the HTTPS listener: its one
+//! `ServerConfig`, built once at start, and the resolver that picks each
 //! handshake's certificate from the routing table current at that moment.
 
 use std::sync::Arc;
@@ -19,12 +19,12 @@ pub struct TlsSetupError(#[from] rustls::Error);
 /// replace certificates without rebuilding the config or touching open
 /// connections: they finished their handshake and keep their session.
 #[derive(Debug)]
-pub struct SniResolver {
+struct SniResolver {
     tables: Arc<TableStore>,
 }
 
 impl SniResolver {
-    pub fn new(tables: Arc<TableStore>) -> Self {
+    fn new(tables: Arc<TableStore>) -> Self {
         SniResolver { tables }
     }
 }
@@ -49,8 +49,8 @@ impl ResolvesServerCert for SniResolver {
 /// The HTTPS listener's config: TLS 1.3 and 1.2, ALPN h2 then http/1.1, and
 /// resumption by session id (the default in-memory cache) and by stateless
 /// tickets, so returning clients skip the full handshake.
-pub fn server_config(tables: Arc<TableStore>) -> Result<Arc<ServerConfig>, TlsSetupError> {
-    let mut config = ServerConfig::builder_with_provider(super::provider())
+pub fn tls_server_config(tables: Arc<TableStore>) -> Result<Arc<ServerConfig>, TlsSetupError> {
+    let mut config = ServerConfig::builder_with_provider(crate::tls::provider())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
         .with_no_client_auth()
         .with_cert_resolver(Arc::new(SniResolver::new(tables)));

@@ -8,10 +8,9 @@
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full};
 use serde::{Serialize, Serializer};
 
-use crate::upstream::ProxyBody;
+use super::body::{ProxyBody, full_body};
 
 /// Where the problem `type` URIs live: `{TYPE_BASE}{slug}`.
 const TYPE_BASE: &str = "https://sluice.dev/problems/";
@@ -62,13 +61,10 @@ pub fn status_code<S: Serializer>(status: &StatusCode, serializer: S) -> Result<
     serializer.serialize_u16(status.as_u16())
 }
 
-/// A fully known response body in the proxy's body type.
-pub fn full_body(bytes: Bytes) -> ProxyBody {
-    Full::new(bytes).map_err(|never| match never {}).boxed()
-}
-
 #[cfg(test)]
 mod tests {
+    use http_body_util::BodyExt;
+
     use super::*;
 
     #[tokio::test]

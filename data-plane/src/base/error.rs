@@ -1,11 +1,12 @@
-//! Proxy errors, at the end of the request path: every way a request can fail
+//! Proxy errors, shared by the whole request path (the proxy raises them, the
+//! policy chain passes the forward's through): every way a request can fail
 //! before the upstream's answer reaches the client, tagged by where it came
 //! from, and turned into one RFC 9457 problem-details response.
 
 use http::{HeaderValue, Response, StatusCode, header};
 
-use crate::problem::Problem;
-use crate::upstream::ProxyBody;
+use super::body::ProxyBody;
+use super::problem::Problem;
 
 /// Who is to blame, as pingora tags its errors: decides log level and lets
 /// dashboards tell client mistakes from upstream outages from our own bugs.

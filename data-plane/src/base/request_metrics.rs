@@ -1,4 +1,5 @@
-//! Per-API request metrics with their handles resolved once. A `counter!`
+//! Per-API request metrics with their handles resolved once, held by each
+//! compiled API (`routing`) and recorded by the proxy's access log. A `counter!`
 //! with labels builds its key (label strings included) and looks it up in
 //! the registry on every call; here each (method, status class) handle is
 //! registered on its first request and the request path after that only

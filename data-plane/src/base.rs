@@ -1,0 +1,15 @@
+//! The bottom of the request path: what every layer above shares (body
+//! types, problem-details responses, the proxy error, per-API request
+//! metrics, the proxy worker index). It imports nothing from the layers
+//! above it, so the path reads top-down: proxy -> routing -> policy/openapi
+//! -> upstream -> tls, each using only what stands below it.
+
+mod body;
+mod error;
+pub mod problem;
+mod request_metrics;
+pub mod worker;
+
+pub use body::{BoxError, ProxyBody, RequestBody, full_body, full_body_request};
+pub use error::{Origin, ProxyError};
+pub use request_metrics::{RequestMetrics, UNROUTED};
