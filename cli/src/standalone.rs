@@ -54,6 +54,7 @@ pub async fn run(args: StandaloneArgs) -> anyhow::Result<()> {
         secret_key_file: args.secret_key_file,
         stale_after: Duration::from_secs(30),
         purge_after: Duration::from_secs(3600),
+        ack_timeout: Duration::from_secs(30),
     })
     .await?;
 

@@ -108,6 +108,7 @@ impl App {
         let options = SyncOptions {
             stale_after: self.settings.stale_after,
             purge_after: self.settings.purge_after,
+            ack_timeout: self.settings.ack_timeout,
             ..SyncOptions::default()
         };
         let sync = SyncService::new(self.store.clone(), self.cluster_token, options);

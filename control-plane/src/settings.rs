@@ -44,6 +44,11 @@ pub struct Settings {
     #[arg(long, env = "SLUICE_STALE_AFTER", default_value = "30s", value_parser = humantime::parse_duration)]
     pub stale_after: Duration,
 
+    /// A snapshot pushed to a data plane and not answered (ACK or NACK)
+    /// within this long is taken as lost, and the node's target is sent again.
+    #[arg(long, env = "SLUICE_ACK_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub ack_timeout: Duration,
+
     /// A data plane silent for this long is forgotten.
     #[arg(long, env = "SLUICE_PURGE_AFTER", default_value = "1h", value_parser = humantime::parse_duration)]
     pub purge_after: Duration,

@@ -56,6 +56,11 @@ pub struct SyncOptions {
     /// ...but push no later than this after the burst's first commit, so a
     /// steady stream of writes is still delivered.
     pub coalesce_max_delay: Duration,
+    /// A pushed snapshot still unanswered after this long is taken as lost
+    /// and the node's target is sent again. A data plane answers every
+    /// snapshot once compiled, so this only needs to exceed the slowest
+    /// compile of the largest configuration.
+    pub ack_timeout: Duration,
     /// Largest gRPC message accepted or sent. A snapshot carries every API,
     /// spec and certificate, so this must hold the largest configuration.
     pub max_message_size: usize,
@@ -75,6 +80,7 @@ impl Default for SyncOptions {
             // of writes into a few pushes.
             coalesce_delay: Duration::from_millis(20),
             coalesce_max_delay: Duration::from_millis(250),
+            ack_timeout: Duration::from_secs(30),
             // A 10,000-API snapshot with specs is tens of MiB.
             max_message_size: 64 * 1024 * 1024,
         }

@@ -1,6 +1,9 @@
 //! Test support shared by the workspace's integration tests: start a real
 //! binary, read the JSON address line it prints first, keep its logs, and
-//! kill it when the test ends (also when the test fails).
+//! kill it when the test ends (also when the test fails); and simulated data
+//! planes (`sim_node`) for fleet tests and the fleet benchmark.
+
+pub mod sim_node;
 
 use std::ffi::OsStr;
 use std::net::SocketAddr;

@@ -22,6 +22,9 @@ pub struct DataPlaneRecord {
     pub applied_hash: Option<String>,
     pub last_ack_version: Option<u64>,
     pub last_nack_version: Option<u64>,
+    /// Hash of the last NACKed snapshot: that content is not sent again to the
+    /// same build of this node, under any version number.
+    pub last_nack_hash: Option<String>,
     /// Reason of the last NACK, until a newer snapshot is accepted.
     pub last_error: Option<String>,
     pub connected: bool,
@@ -37,13 +40,14 @@ impl Store {
         let optional = |value: Option<u64>, what| value.map(|v| to_db(v, what)).transpose();
         sqlx::query(
             "INSERT INTO data_planes (node_id, hostname, address, software_version, protocol_version, \
-             applied_version, applied_hash, last_ack_version, last_nack_version, last_error, connected, \
-             first_seen, last_seen) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
+             applied_version, applied_hash, last_ack_version, last_nack_version, last_nack_hash, last_error, connected, \
+             first_seen, last_seen) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
              ON CONFLICT (node_id) DO UPDATE SET hostname = excluded.hostname, address = excluded.address, \
              software_version = excluded.software_version, protocol_version = excluded.protocol_version, \
              applied_version = excluded.applied_version, applied_hash = excluded.applied_hash, \
              last_ack_version = excluded.last_ack_version, last_nack_version = excluded.last_nack_version, \
-             last_error = excluded.last_error, connected = excluded.connected, last_seen = excluded.last_seen",
+             last_nack_hash = excluded.last_nack_hash, last_error = excluded.last_error, \
+             connected = excluded.connected, last_seen = excluded.last_seen",
         )
         .bind(record.node_id.as_str())
         .bind(record.hostname.as_str())
@@ -54,6 +58,7 @@ impl Store {
         .bind(record.applied_hash.as_deref())
         .bind(optional(record.last_ack_version, "ACK version")?)
         .bind(optional(record.last_nack_version, "NACK version")?)
+        .bind(record.last_nack_hash.as_deref())
         .bind(record.last_error.as_deref())
         .bind(record.connected)
         .bind(record.first_seen)
@@ -67,8 +72,8 @@ impl Store {
     pub async fn list_data_planes(&self) -> Result<Vec<DataPlaneRecord>, StoreError> {
         let rows = sqlx::query(
             "SELECT node_id, hostname, address, software_version, protocol_version, applied_version, \
-             applied_hash, last_ack_version, last_nack_version, last_error, connected, first_seen, last_seen \
-             FROM data_planes",
+             applied_hash, last_ack_version, last_nack_version, last_nack_hash, last_error, connected, first_seen, \
+             last_seen FROM data_planes",
         )
         .fetch_all(&self.inner.pool)
         .await?;
@@ -104,6 +109,7 @@ fn record(row: &AnyRow) -> Result<DataPlaneRecord, StoreError> {
         applied_hash: row.try_get("applied_hash")?,
         last_ack_version: version("last_ack_version")?,
         last_nack_version: version("last_nack_version")?,
+        last_nack_hash: row.try_get("last_nack_hash")?,
         last_error: row.try_get("last_error")?,
         // BOOLEAN on PostgreSQL, INTEGER 0/1 on SQLite.
         connected: match row.try_get::<bool, _>("connected") {

@@ -52,6 +52,38 @@ impl Store {
         row.as_ref().map(decode_snapshot).transpose()
     }
 
+    /// The newest snapshot below `before` that `refused` does not rule out:
+    /// what a node that refused every newer one can still be given. Reads
+    /// versions and hashes a page at a time, and only the chosen snapshot whole.
+    pub async fn newest_snapshot_below(
+        &self,
+        before: u64,
+        refused: impl Fn(u64, &str) -> bool,
+    ) -> Result<Option<v1::Snapshot>, StoreError> {
+        const PAGE: i64 = 64;
+        let mut below = i64::try_from(before).unwrap_or(i64::MAX);
+        loop {
+            let rows =
+                sqlx::query("SELECT version, hash FROM snapshots WHERE version < $1 ORDER BY version DESC LIMIT $2")
+                    .bind(below)
+                    .bind(PAGE)
+                    .fetch_all(&self.inner.pool)
+                    .await?;
+            for row in &rows {
+                let version: i64 = row.try_get("version")?;
+                let hash: String = row.try_get("hash")?;
+                below = version;
+                let Ok(unsigned) = u64::try_from(version) else { continue };
+                if !refused(unsigned, &hash) {
+                    return self.snapshot(unsigned).await;
+                }
+            }
+            if rows.len() < PAGE as usize {
+                return Ok(None);
+            }
+        }
+    }
+
     /// The configuration as it was committed at `version` (for rollback and diff).
     pub async fn snapshot_config(&self, version: u64) -> Result<Option<Config>, StoreError> {
         let Ok(version) = i64::try_from(version) else { return Ok(None) };

@@ -1,6 +1,13 @@
-//! One data plane's stream after its Hello: decides which snapshots to push
-//! (newest only, nothing the node already runs, nothing it refused) and
-//! records what the node reports (ACK, NACK, heartbeat) in the store.
+//! One data plane's stream after its Hello: keeps the node on its target
+//! (the newest snapshot, or the newest it has not refused) and records what
+//! the node reports (ACK, NACK, heartbeat) in the store.
+//!
+//! Level-triggered: after every event (commit, answer, heartbeat, a push
+//! that went unanswered) the session compares what the node will run once
+//! it has answered everything sent with the target, and pushes the target
+//! when they differ. Deciding on the event alone (is this commit already
+//! what the node runs?) left a node on a reverted change: a revert that
+//! arrived while the change was still being applied looked like a no-op.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -10,6 +17,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use sluice_proto::v1::{self, ControlPlaneMessage, DataPlaneMessage, Hello, control_plane_message, data_plane_message};
 use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
 use tonic::{Status, Streaming};
 
 use super::latest::Latest;
@@ -36,21 +44,32 @@ pub struct Session {
     cancelled: oneshot::Receiver<()>,
     closing: watch::Receiver<bool>,
     latest: watch::Receiver<Latest>,
-    /// Newest version looked at; anything not newer is old news.
-    newest_seen: u64,
-    /// Chosen to be sent once the stream has room; replaced (coalesced) when a
-    /// newer snapshot arrives first.
+    /// The newest committed snapshot this session has seen.
+    head: Option<Arc<v1::Snapshot>>,
+    /// What the node should run: `head`, or, when the node refused it, the
+    /// newest older snapshot it has not refused; `None` when it refused all.
+    target: Option<Arc<v1::Snapshot>>,
+    /// The target, chosen to be sent once the stream has room.
     pending: Option<Arc<v1::Snapshot>>,
-    /// Last snapshot sent, awaiting its ACK or NACK.
-    sent: Option<(u64, String)>,
+    /// Sent and not answered yet, oldest first: a data plane answers in order.
+    unanswered: VecDeque<Sent>,
     /// (version, hash) of snapshots this node NACKed: never sent to it again.
     refused: VecDeque<(u64, String)>,
+}
+
+/// A snapshot pushed to the node, awaiting its ACK or NACK.
+struct Sent {
+    version: u64,
+    hash: String,
+    at: Instant,
 }
 
 /// What woke the session loop, when handling it needs all of `self`.
 enum Event {
     Message(DataPlaneMessage),
     Committed,
+    /// The oldest push went unanswered for `ack_timeout`.
+    Unanswered,
 }
 
 /// Why a session ended, for the log line and the status sent to the node.
@@ -98,6 +117,7 @@ impl Session {
             applied_hash: reported_hash,
             last_ack_version: previous.as_ref().and_then(|p| p.last_ack_version),
             last_nack_version: previous.as_ref().and_then(|p| p.last_nack_version),
+            last_nack_hash: previous.as_ref().and_then(|p| p.last_nack_hash.clone()),
             last_error: previous.as_ref().and_then(|p| p.last_error.clone()),
             connected: true,
             first_seen: previous.as_ref().map_or(now, |p| p.first_seen),
@@ -112,7 +132,7 @@ impl Session {
             && prev.software_version == hello.software_version
             && let Some(version) = prev.last_nack_version
         {
-            refused.push_back((version, String::new()));
+            refused.push_back((version, prev.last_nack_hash.clone().unwrap_or_default()));
         }
 
         let (id, cancelled) = service.register(&hello.node_id);
@@ -126,9 +146,10 @@ impl Session {
             cancelled,
             closing,
             latest,
-            newest_seen: 0,
+            head: None,
+            target: None,
             pending: None,
-            sent: None,
+            unanswered: VecDeque::new(),
             refused,
         };
         tracing::info!(
@@ -140,7 +161,7 @@ impl Session {
             latest_version = snapshot.version,
             "data plane connected"
         );
-        session.consider(snapshot);
+        session.committed(snapshot).await;
         session.save().await;
         Ok(session)
     }
@@ -148,13 +169,15 @@ impl Session {
     /// Serves the stream until either side ends it, then records the node as
     /// disconnected (unless a newer stream of the same node took over).
     pub async fn run(mut self, mut inbound: Streaming<DataPlaneMessage>) {
-        let timeout = self.service.inner.options.heartbeat_timeout;
+        let options = &self.service.inner.options;
+        let (timeout, ack_timeout) = (options.heartbeat_timeout, options.ack_timeout);
         let idle = tokio::time::sleep(timeout);
         tokio::pin!(idle);
         // The hub may already hold a newer snapshot than the one fetched at start.
         self.latest.mark_changed();
 
         let end = loop {
+            let answer_due = self.unanswered.front().map(|sent| sent.at + ack_timeout);
             // Branches that need `&mut self` hand an event out of the select:
             // its futures borrow parts of `self` until it returns.
             let event = tokio::select! {
@@ -177,11 +200,15 @@ impl Session {
                 }
                 permit = self.tx.reserve(), if self.pending.is_some() => {
                     let Ok(permit) = permit else { break End::Closed };
-                    // Checked again: an ACK or NACK may have come in since it was chosen.
-                    let pending = self.pending.take();
-                    if let Some(snapshot) = pending.filter(|s| wanted(&self.record, &self.sent, &self.refused, s)) {
+                    // Still the target: an answer or a commit since it was
+                    // chosen re-ran `reconcile`, which keeps `pending` current.
+                    if let Some(snapshot) = self.pending.take() {
                         tracing::info!(node_id = %self.record.node_id, version = snapshot.version, "snapshot sent");
-                        self.sent = Some((snapshot.version, snapshot.hash.clone()));
+                        self.unanswered.push_back(Sent {
+                            version: snapshot.version,
+                            hash: snapshot.hash.clone(),
+                            at: Instant::now(),
+                        });
                         permit.send(Ok(ControlPlaneMessage {
                             message: Some(control_plane_message::Message::Snapshot((*snapshot).clone())),
                         }));
@@ -194,11 +221,12 @@ impl Session {
                     }
                     Event::Committed
                 }
+                () = sleep_until_due(answer_due) => Event::Unanswered,
                 () = self.tx.closed() => break End::Closed,
             };
             match event {
                 Event::Message(message) => {
-                    idle.as_mut().reset(tokio::time::Instant::now() + timeout);
+                    idle.as_mut().reset(Instant::now() + timeout);
                     if let Err(status) = self.handle(message).await {
                         break End::Refused(status);
                     }
@@ -206,8 +234,24 @@ impl Session {
                 Event::Committed => {
                     let newest = self.latest.borrow_and_update().clone();
                     if let Some(snapshot) = newest
-                        && self.consider(snapshot)
+                        && self.committed(snapshot).await
                     {
+                        self.save().await;
+                    }
+                }
+                Event::Unanswered => {
+                    // A data plane answers every snapshot, so this one was
+                    // lost on the way (or the node is stuck, and the idle
+                    // timeout ends the stream). Its target is sent again; a
+                    // late answer to the lost one is still taken as it comes.
+                    let version = self.unanswered.front().map(|sent| sent.version);
+                    tracing::warn!(
+                        node_id = %self.record.node_id,
+                        ?version,
+                        "no answer to a pushed snapshot within {ack_timeout:?}; sending the target again"
+                    );
+                    self.unanswered.clear();
+                    if self.reconcile() {
                         self.save().await;
                     }
                 }
@@ -216,47 +260,88 @@ impl Session {
         self.finish(end).await;
     }
 
-    /// Decides whether a newly committed snapshot goes to this node. Returns
-    /// whether the node's record changed.
-    fn consider(&mut self, snapshot: Arc<v1::Snapshot>) -> bool {
-        if snapshot.version <= self.newest_seen {
+    /// A newer snapshot was committed: it becomes the head, and the target
+    /// unless the node refused it. Returns whether the node's record changed.
+    async fn committed(&mut self, snapshot: Arc<v1::Snapshot>) -> bool {
+        if self.head.as_ref().is_some_and(|head| head.version >= snapshot.version) {
             return false;
         }
-        self.newest_seen = snapshot.version;
-        let node_id = &self.record.node_id;
-        if self.record.applied_hash.as_deref() == Some(snapshot.hash.as_str()) {
-            // Same content under a newer number (no-op write, rollback to what
-            // the node runs): nothing to push, and the node runs this version.
-            tracing::debug!(%node_id, version = snapshot.version, "node already runs this content");
-            self.record.applied_version = self.record.applied_version.max(Some(snapshot.version));
-            // Reverting a refused change lands here (back to the content the
-            // node runs): that newer version counts as accepted, so the NACK
-            // it supersedes is no longer shown, as with an ACK.
-            if self.record.last_nack_version.is_some_and(|nacked| snapshot.version > nacked) {
-                self.record.last_error = None;
-            }
-            self.pending = None;
-            return true;
-        } else if self.is_refused(&snapshot) {
-            tracing::info!(%node_id, version = snapshot.version, "not re-sending a snapshot this node NACKed");
-            // Anything older still pending is superseded by this refused one:
-            // sending it would roll the node back, not forward.
-            self.pending = None;
-        } else if self.wanted(&snapshot) {
-            self.pending = Some(snapshot);
-        } else {
-            // Its content is already in flight: an older pending one is moot.
-            self.pending = None;
+        self.head = Some(snapshot);
+        self.retarget().await;
+        self.reconcile()
+    }
+
+    /// Picks the target: the head, unless the node refused it (by version, or
+    /// the same content under another version); then the newest older
+    /// snapshot it has not refused, so a node whose build cannot take the
+    /// newest configuration still runs the newest it can.
+    async fn retarget(&mut self) {
+        let Some(head) = self.head.clone() else { return };
+        if !is_refused(&self.refused, head.version, &head.hash) {
+            self.target = Some(head);
+            return;
         }
-        false
+        let refused = &self.refused;
+        let found = self
+            .service
+            .inner
+            .store
+            .newest_snapshot_below(head.version, |version, hash| is_refused(refused, version, hash));
+        match found.await {
+            Ok(found) => {
+                let node_id = &self.record.node_id;
+                match &found {
+                    Some(older) => tracing::info!(
+                        %node_id,
+                        head = head.version,
+                        version = older.version,
+                        "node refused the newest snapshot; its target is the newest it has not refused"
+                    ),
+                    None => tracing::warn!(%node_id, head = head.version, "node refused every stored snapshot"),
+                }
+                self.target = found.map(Arc::new);
+            }
+            // The target stays what it was; the next event tries again.
+            Err(error) => tracing::warn!(node_id = %self.record.node_id, %error, "cannot look for an older snapshot"),
+        }
     }
 
-    fn wanted(&self, snapshot: &v1::Snapshot) -> bool {
-        wanted(&self.record, &self.sent, &self.refused, snapshot)
+    /// Compares what the node will run once it has answered every push with
+    /// the target, and chooses the target to be sent when they differ.
+    /// Returns whether the node's record changed.
+    fn reconcile(&mut self) -> bool {
+        let Some(target) = self.target.clone() else {
+            self.pending = None;
+            return false;
+        };
+        let after_answers =
+            self.unanswered.back().map(|sent| sent.hash.as_str()).or(self.record.applied_hash.as_deref());
+        if after_answers != Some(target.hash.as_str()) {
+            self.pending = Some(target);
+            return false;
+        }
+        self.pending = None;
+        if !self.unanswered.is_empty() || self.record.applied_version.is_some_and(|v| v >= target.version) {
+            return false;
+        }
+        // Same content under a newer number (a no-op write, a rollback or
+        // revert to what the node runs): the node runs this version too.
+        tracing::debug!(node_id = %self.record.node_id, version = target.version, "node already runs this content");
+        self.record.applied_version = Some(target.version);
+        // Reverting a refused change lands here: that newer version counts
+        // as accepted, so the NACK it supersedes is no longer shown.
+        if self.record.last_nack_version.is_some_and(|nacked| target.version > nacked) {
+            self.record.last_error = None;
+        }
+        true
     }
 
-    fn is_refused(&self, snapshot: &v1::Snapshot) -> bool {
-        is_refused(&self.refused, snapshot)
+    /// Takes the answers up to the one for `version` off the unanswered list
+    /// (answers come in order; ones before it were lost); returns the hash
+    /// that push carried, for an answer without one.
+    fn answered(&mut self, version: u64) -> Option<String> {
+        let position = self.unanswered.iter().position(|sent| sent.version == version)?;
+        self.unanswered.drain(..=position).last().map(|sent| sent.hash)
     }
 
     /// Applies one message from the data plane to the node's record.
@@ -265,38 +350,45 @@ impl Session {
         self.record.last_seen = now_ms();
         match message.message {
             Some(data_plane_message::Message::Ack(ack)) => {
-                let hash = self.hash_of(ack.version, ack.hash);
+                let sent_hash = self.answered(ack.version);
+                let hash = if ack.hash.is_empty() { sent_hash.unwrap_or_default() } else { ack.hash };
                 tracing::info!(%node_id, version = ack.version, "data plane ACKed snapshot");
-                // DESIGN: the NACK stays visible until a newer snapshot is accepted.
+                // The NACK stays visible until a newer snapshot is accepted.
                 if self.record.last_nack_version.is_none_or(|nacked| ack.version > nacked) {
                     self.record.last_error = None;
                 }
                 self.record.applied_version = Some(ack.version);
                 self.record.applied_hash = (!hash.is_empty()).then_some(hash);
                 self.record.last_ack_version = Some(ack.version);
+                self.reconcile();
             }
             Some(data_plane_message::Message::Nack(nack)) => {
-                let hash = self.hash_of(nack.version, nack.hash);
+                let sent_hash = self.answered(nack.version);
+                let hash = if nack.hash.is_empty() { sent_hash.unwrap_or_default() } else { nack.hash };
                 let error = truncate(nack.error, MAX_ERROR_LEN);
                 tracing::warn!(%node_id, version = nack.version, %error, "data plane NACKed snapshot");
                 if self.refused.len() == REFUSED_MEMORY {
                     self.refused.pop_front();
                 }
-                self.refused.push_back((nack.version, hash));
+                self.refused.push_back((nack.version, hash.clone()));
                 self.record.last_nack_version = Some(nack.version);
+                self.record.last_nack_hash = (!hash.is_empty()).then_some(hash);
                 self.record.last_error = Some(error);
+                self.retarget().await;
+                self.reconcile();
             }
             Some(data_plane_message::Message::Heartbeat(beat)) => {
                 tracing::debug!(%node_id, version = beat.current_version, "heartbeat");
                 if beat.current_hash.is_empty() {
                     // Serving nothing yet; keep what was recorded.
                 } else if self.record.applied_hash.as_deref() == Some(beat.current_hash.as_str()) {
-                    // Same content: keep the newer number (see `consider`).
+                    // Same content: keep the newer number (see `reconcile`).
                     self.record.applied_version = self.record.applied_version.max(Some(beat.current_version));
                 } else {
                     self.record.applied_version = Some(beat.current_version);
                     self.record.applied_hash = Some(beat.current_hash);
                 }
+                self.reconcile();
             }
             Some(data_plane_message::Message::Hello(_)) => {
                 tracing::warn!(%node_id, "second Hello on one stream; closing it");
@@ -306,18 +398,6 @@ impl Session {
         }
         self.save().await;
         Ok(())
-    }
-
-    /// The hash a data plane meant: older clients may leave it empty, and the
-    /// version then names the snapshot we sent.
-    fn hash_of(&self, version: u64, hash: String) -> String {
-        if !hash.is_empty() {
-            return hash;
-        }
-        match &self.sent {
-            Some((sent_version, sent_hash)) if *sent_version == version => sent_hash.clone(),
-            _ => String::new(),
-        }
     }
 
     async fn finish(mut self, end: End) {
@@ -365,20 +445,14 @@ impl Session {
     }
 }
 
-/// Whether `snapshot` should still be sent: not what the node runs, not in
-/// flight, not refused. Takes fields, not the session, so the send branch can
-/// call it while other parts of the session are borrowed.
-fn wanted(
-    record: &DataPlaneRecord,
-    sent: &Option<(u64, String)>,
-    refused: &VecDeque<(u64, String)>,
-    snapshot: &v1::Snapshot,
-) -> bool {
-    record.applied_hash.as_deref() != Some(snapshot.hash.as_str())
-        && sent.as_ref().is_none_or(|(_, hash)| *hash != snapshot.hash)
-        && !is_refused(refused, snapshot)
+fn is_refused(refused: &VecDeque<(u64, String)>, version: u64, hash: &str) -> bool {
+    refused.iter().any(|(v, h)| *v == version || (!h.is_empty() && h == hash))
 }
 
-fn is_refused(refused: &VecDeque<(u64, String)>, snapshot: &v1::Snapshot) -> bool {
-    refused.iter().any(|(version, hash)| *version == snapshot.version || (!hash.is_empty() && *hash == snapshot.hash))
+/// Resolves at `due`, or never when nothing is awaited.
+async fn sleep_until_due(due: Option<Instant>) {
+    match due {
+        Some(due) => tokio::time::sleep_until(due).await,
+        None => std::future::pending().await,
+    }
 }

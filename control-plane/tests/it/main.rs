@@ -2,4 +2,5 @@
 //! server over sockets.
 
 mod admin;
+mod fleet;
 mod sync;

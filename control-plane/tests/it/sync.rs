@@ -439,3 +439,120 @@ async fn close_ends_streams_and_refuses_new_ones() -> Result<()> {
     assert!(refused.to_string().contains("Unavailable"), "{refused}");
     Ok(())
 }
+
+/// Removes the upstream `write` added last, reverting the configuration to
+/// the content (and hash) it had before.
+async fn revert(store: &Store) -> Result<u64> {
+    let committed = within(store.write("sync test revert", |cfg| {
+        cfg.upstreams.pop();
+        Ok::<_, Infallible>(())
+    }))
+    .await??;
+    ensure!(committed.changed, "revert committed nothing");
+    Ok(committed.version)
+}
+
+/// Finding 1 of issue 24: a change, then its revert committed while the node
+/// was still applying the change. The revert's content is what the node ran
+/// before, but the node ends on the change: it must be sent the revert.
+#[tokio::test]
+async fn revert_committed_while_the_change_is_unanswered_is_delivered() -> Result<()> {
+    let h = start(fast()).await?;
+    let mut node = connect(h.addr, hello("dp-revert", None)).await?;
+    let before = node.next_snapshot().await?;
+    node.ack(&before).await?;
+    record_where(&h.store, "dp-revert", |r| r.applied_version == Some(before.version)).await?;
+
+    write(&h.store).await?;
+    let change = node.next_snapshot().await?;
+    // The node is still compiling the change when the revert commits, and
+    // the control plane takes the revert in before the change is answered
+    // (as when the node was stopped): it either pushes the revert at once or
+    // records that it thinks the node runs it.
+    let reverted = revert(&h.store).await?;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut early = None;
+    while early.is_none() && tokio::time::Instant::now() < deadline {
+        early = node.next_snapshot_within(Duration::from_millis(50)).await?;
+        let record = h.store.list_data_planes().await?.into_iter().find(|r| r.node_id == "dp-revert");
+        if record.is_some_and(|r| r.applied_version == Some(reverted)) {
+            break;
+        }
+    }
+    node.ack(&change).await?;
+    let head = match early {
+        Some(early) => early,
+        None => node.next_snapshot().await?,
+    };
+    assert_eq!(head.version, reverted, "the node must end on the head, not on the reverted change");
+    assert_eq!(head.hash, before.hash, "the revert restores the earlier content");
+    node.ack(&head).await?;
+    let record = record_where(&h.store, "dp-revert", |r| r.applied_version == Some(reverted)).await?;
+    assert_eq!(record.applied_hash.as_deref(), Some(before.hash.as_str()));
+    assert!(node.next_snapshot_within(QUIET).await?.is_none(), "nothing more to send");
+    Ok(())
+}
+
+/// A snapshot lost on the way (no answer) is sent again after the ACK timeout.
+#[tokio::test]
+async fn unanswered_push_is_sent_again() -> Result<()> {
+    let h = start(SyncOptions { ack_timeout: Duration::from_millis(300), ..fast() }).await?;
+    let mut node = connect(h.addr, hello("dp-lost", None)).await?;
+    let lost = node.next_snapshot().await?;
+    let again = node.next_snapshot().await?;
+    assert_eq!((again.version, &again.hash), (lost.version, &lost.hash));
+    node.ack(&again).await?;
+    record_where(&h.store, "dp-lost", |r| r.applied_version == Some(lost.version)).await?;
+    assert!(node.next_snapshot_within(QUIET).await?.is_none(), "an answered push was sent again");
+    Ok(())
+}
+
+/// Finding 2's second half: a node that refused the newest snapshot gets the
+/// newest one it has not refused, and so does the same build restarted
+/// without its table, instead of staying not ready.
+#[tokio::test]
+async fn node_that_refused_the_head_gets_the_newest_it_can_take() -> Result<()> {
+    let h = start(fast()).await?;
+    let good_version = write(&h.store).await?;
+    let mut node = connect(h.addr, hello("dp-skew", None)).await?;
+    let good = node.next_snapshot().await?;
+    assert_eq!(good.version, good_version);
+    node.ack(&good).await?;
+    record_where(&h.store, "dp-skew", |r| r.applied_version == Some(good_version)).await?;
+    drop(node);
+    record_where(&h.store, "dp-skew", |r| !r.connected).await?;
+
+    // Two writes while the node is away: it comes back to the second only.
+    let middle = write(&h.store).await?;
+    let bad_version = write(&h.store).await?;
+    let mut node = connect(h.addr, hello("dp-skew", Some(&good))).await?;
+    let bad = node.next_snapshot().await?;
+    assert_eq!(bad.version, bad_version);
+    node.send(data_plane_message::Message::Nack(Nack {
+        version: bad.version,
+        hash: bad.hash.clone(),
+        error: "built without support for this".into(),
+    }))
+    .await?;
+    let fallback = node.next_snapshot().await?;
+    assert_eq!(fallback.version, middle, "the newest version the node has not refused");
+    node.ack(&fallback).await?;
+    record_where(&h.store, "dp-skew", |r| r.applied_version == Some(middle)).await?;
+    drop(node);
+    record_where(&h.store, "dp-skew", |r| !r.connected).await?;
+
+    // Restarted without a cache, the same build asks again and gets it again.
+    let mut restarted = connect(h.addr, hello("dp-skew", None)).await?;
+    let first = restarted.next_snapshot().await?;
+    assert_eq!(first.version, middle, "a restarted node of the same build gets what it can take");
+    restarted.ack(&first).await?;
+    assert!(restarted.next_snapshot_within(QUIET).await?.is_none(), "the refused head was sent again");
+
+    // Reverting the refused change gives the content the node runs a newer
+    // number: nothing to send, the node runs the head, its NACK is history.
+    let reverted = revert(&h.store).await?;
+    let record = record_where(&h.store, "dp-skew", |r| r.applied_version == Some(reverted)).await?;
+    assert_eq!(record.last_error, None);
+    assert!(restarted.next_snapshot_within(QUIET).await?.is_none(), "the content the node runs was sent");
+    Ok(())
+}

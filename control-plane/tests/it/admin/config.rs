@@ -175,6 +175,7 @@ async fn data_planes_show_stale_nodes(server: &Server) {
             applied_hash: Some("abc".into()),
             last_ack_version: Some(1),
             last_nack_version: None,
+            last_nack_hash: None,
             last_error: None,
             connected: true,
             first_seen: last_seen,
