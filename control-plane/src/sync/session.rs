@@ -341,7 +341,7 @@ impl Session {
     /// that push carried, for an answer without one.
     fn answered(&mut self, version: u64) -> Option<String> {
         let position = self.unanswered.iter().position(|sent| sent.version == version)?;
-        self.unanswered.drain(..=position).last().map(|sent| sent.hash)
+        self.unanswered.drain(..=position).next_back().map(|sent| sent.hash)
     }
 
     /// Applies one message from the data plane to the node's record.
