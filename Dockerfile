@@ -26,7 +26,7 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --workspace --bins \
-    && mkdir -p /out \
+    && mkdir -p /out/volume \
     && cp target/release/sluice-cp target/release/sluice-dp target/release/sluice-test-upstream /out/
 
 # Control plane: admin REST API on 9080, snapshot sync (gRPC) on 9090.
@@ -34,6 +34,10 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 # and SLUICE_SECRET_KEY (see .env.example and docs/operations.md).
 FROM gcr.io/distroless/cc-debian12:nonroot AS control-plane
 COPY --from=builder /out/sluice-cp /usr/local/bin/sluice-cp
+# Mount points of the certificate volumes (docker-compose.yml), owned by the
+# runtime user so that `sluice-cp certs init` can write into fresh volumes.
+COPY --from=builder --chown=65532:65532 /out/volume /certs
+COPY --from=builder --chown=65532:65532 /out/volume /ca
 USER 65532:65532
 EXPOSE 9080 9090
 ENTRYPOINT ["/usr/local/bin/sluice-cp"]

@@ -12,6 +12,10 @@ pub enum ClientError {
     Unreachable { url: String, source: reqwest::Error },
     #[error("{0}")]
     Api(String),
+    #[error("cannot set up the HTTP client: {0}")]
+    Setup(reqwest::Error),
+    #[error("--admin-ca {}: {reason}", .path.display())]
+    Ca { path: std::path::PathBuf, reason: String },
 }
 
 pub struct AdminClient {
@@ -21,12 +25,21 @@ pub struct AdminClient {
 }
 
 impl AdminClient {
-    pub fn new(base: &str, token: Option<&str>) -> Self {
-        Self {
+    /// `ca`: a PEM bundle to trust for an `https://` admin URL, beside the system's CAs.
+    pub fn new(base: &str, token: Option<&str>, ca: Option<&std::path::Path>) -> Result<Self, ClientError> {
+        let mut http = reqwest::Client::builder();
+        if let Some(path) = ca {
+            let error = |reason: String| ClientError::Ca { path: path.to_owned(), reason };
+            let pem = std::fs::read(path).map_err(|e| error(e.to_string()))?;
+            for certificate in reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| error(e.to_string()))? {
+                http = http.add_root_certificate(certificate);
+            }
+        }
+        Ok(Self {
             base: base.trim_end_matches('/').to_string(),
             token: token.map(str::to_string),
-            http: reqwest::Client::new(),
-        }
+            http: http.build().map_err(ClientError::Setup)?,
+        })
     }
 
     /// Sends a request and returns the JSON body of a 2xx answer.

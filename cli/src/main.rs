@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use sluice_control_plane::pki;
 
 #[derive(Parser)]
 #[command(name = "sluice", version, about = "Sluice API gateway: all-in-one server and admin CLI")]
@@ -17,6 +18,10 @@ struct Cli {
     /// Admin API of the control plane.
     #[arg(long, global = true, env = "SLUICE_ADMIN_URL", default_value = "http://127.0.0.1:9080")]
     admin_url: String,
+    /// PEM CA bundle the admin API's certificate must chain to, for an
+    /// `https://` admin URL with a private CA (default: the system's CAs).
+    #[arg(long, global = true, env = "SLUICE_ADMIN_CA")]
+    admin_ca: Option<PathBuf>,
     /// Bearer token of the admin API.
     #[arg(long, global = true, env = "SLUICE_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
@@ -64,26 +69,37 @@ enum Command {
         #[arg(short, long)]
         file: PathBuf,
     },
+    /// Certificates for TLS between the control plane and the data planes.
+    #[command(subcommand)]
+    Certs(pki::CertsCommand),
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let client = || admin_client::AdminClient::new(&cli.admin_url, cli.admin_token.as_deref());
-    let result = match cli.command {
-        Command::Standalone(args) => standalone::run(args).await,
-        Command::Apply { file, dry_run } => commands::apply(&client(), &file, dry_run, cli.output).await,
-        Command::Export => commands::export(&client(), cli.output).await,
-        Command::Status => commands::status(&client(), cli.output).await,
-        Command::Rollback { version } => commands::rollback(&client(), version, cli.output).await,
-        Command::History { limit } => commands::history(&client(), limit, cli.output).await,
-        Command::Validate { file } => commands::validate(&file),
-    };
-    match result {
+    match run(Cli::parse()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let client = || admin_client::AdminClient::new(&cli.admin_url, cli.admin_token.as_deref(), cli.admin_ca.as_deref());
+    match cli.command {
+        Command::Standalone(args) => standalone::run(args).await,
+        Command::Apply { file, dry_run } => commands::apply(&client()?, &file, dry_run, cli.output).await,
+        Command::Export => commands::export(&client()?, cli.output).await,
+        Command::Status => commands::status(&client()?, cli.output).await,
+        Command::Rollback { version } => commands::rollback(&client()?, version, cli.output).await,
+        Command::History { limit } => commands::history(&client()?, limit, cli.output).await,
+        Command::Validate { file } => commands::validate(&file),
+        Command::Certs(command) => {
+            for path in pki::run(&command)?.0 {
+                println!("wrote {}", path.display());
+            }
+            Ok(())
         }
     }
 }

@@ -34,6 +34,12 @@ pub struct StandaloneArgs {
     secret_key: Option<String>,
     #[arg(long, env = "SLUICE_SECRET_KEY_FILE", default_value = "sluice-secret.key")]
     secret_key_file: PathBuf,
+    /// PEM certificate chain the admin API presents (HTTPS).
+    #[arg(long, env = "SLUICE_ADMIN_TLS_CERT", requires = "admin_tls_key")]
+    admin_tls_cert: Option<PathBuf>,
+    /// PEM private key of `--admin-tls-cert`.
+    #[arg(long, env = "SLUICE_ADMIN_TLS_KEY", requires = "admin_tls_cert")]
+    admin_tls_key: Option<PathBuf>,
     /// Turn the per-request JSON access log on stdout off.
     #[arg(long)]
     no_access_log: bool,
@@ -55,6 +61,12 @@ pub async fn run(args: StandaloneArgs) -> anyhow::Result<()> {
         stale_after: Duration::from_secs(30),
         purge_after: Duration::from_secs(3600),
         ack_timeout: Duration::from_secs(30),
+        // Loopback inside one process: nothing crosses a network.
+        grpc_tls_cert: None,
+        grpc_tls_key: None,
+        grpc_client_ca: None,
+        admin_tls_cert: args.admin_tls_cert,
+        admin_tls_key: args.admin_tls_key,
     })
     .await?;
 
@@ -71,7 +83,7 @@ pub async fn run(args: StandaloneArgs) -> anyhow::Result<()> {
     }
     let data_plane = DataPlane::build(dp_settings).await.context("starting the data plane")?;
 
-    let admin_url = format!("http://{}", control_plane.admin_addr());
+    let admin_url = control_plane.admin_url();
     let proxy_url = format!("http://{}", data_plane.bound().http_addr);
     let (generated_admin_token, _) = control_plane.generated_tokens();
     let line = serde_json::json!({

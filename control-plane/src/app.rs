@@ -4,23 +4,30 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use anyhow::Context;
+use sluice_proto::tls::SYNC_ALPN;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::admin::{self, AdminState};
 use crate::secrets::SecretBox;
 use crate::settings::Settings;
 use crate::store::Store;
 use crate::sync::{SyncOptions, SyncService};
+use crate::tls::{ClientAddr, Incoming, ReloadingConfig};
 use crate::tokens::{TokenDigest, resolve_token};
+
+/// The admin API speaks HTTP/2 and HTTP/1.1 over TLS, as over TCP.
+const ADMIN_ALPN: &[&[u8]] = &[b"h2", b"http/1.1"];
 
 pub struct App {
     store: Store,
     settings: Settings,
     admin_listener: TcpListener,
     grpc_listener: TcpListener,
+    admin_tls: Option<Arc<ReloadingConfig>>,
+    grpc_tls: Option<Arc<ReloadingConfig>>,
     admin_token: TokenDigest,
     cluster_token: TokenDigest,
     generated_admin_token: Option<String>,
@@ -43,11 +50,30 @@ impl App {
         let grpc_listener = TcpListener::bind(settings.grpc_addr)
             .await
             .with_context(|| format!("binding the gRPC sync server to {}", settings.grpc_addr))?;
+        let admin_tls = settings
+            .admin_tls()
+            .map(|files| ReloadingConfig::load(files, ADMIN_ALPN))
+            .transpose()
+            .context("admin API TLS (--admin-tls-cert, --admin-tls-key)")?;
+        let grpc_tls = settings
+            .grpc_tls()
+            .map(|files| ReloadingConfig::load(files, &[SYNC_ALPN]))
+            .transpose()
+            .context("sync server TLS (--grpc-tls-cert, --grpc-tls-key, --grpc-client-ca)")?;
+        if grpc_tls.is_none() && !settings.grpc_addr.ip().is_loopback() {
+            tracing::warn!(
+                grpc_addr = %settings.grpc_addr,
+                "the sync server listens beyond loopback without TLS: the cluster token and every secret in the \
+                 snapshots cross the network in clear; set --grpc-tls-cert and --grpc-tls-key"
+            );
+        }
         Ok(App {
             store,
             settings,
             admin_listener,
             grpc_listener,
+            admin_tls,
+            grpc_tls,
             admin_token: admin.digest,
             cluster_token: cluster.digest,
             generated_admin_token: admin.generated,
@@ -57,6 +83,12 @@ impl App {
 
     pub fn admin_addr(&self) -> SocketAddr {
         self.admin_listener.local_addr().unwrap_or(self.settings.admin_addr)
+    }
+
+    /// `https://` when the admin API serves TLS.
+    pub fn admin_url(&self) -> String {
+        let scheme = if self.admin_tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.admin_addr())
     }
 
     pub fn grpc_addr(&self) -> SocketAddr {
@@ -78,6 +110,8 @@ impl App {
         let line = serde_json::json!({
             "admin_addr": self.admin_addr().to_string(),
             "grpc_addr": self.grpc_addr().to_string(),
+            "admin_tls": self.admin_tls.is_some(),
+            "grpc_tls": self.grpc_tls.is_some(),
             "database": self.store.backend(),
         });
         println!("{line}");
@@ -102,7 +136,9 @@ impl App {
             admin_token: self.admin_token,
             stale_after: self.settings.stale_after,
         });
-        let admin = axum::serve(self.admin_listener, admin_router.into_make_service_with_connect_info::<SocketAddr>())
+        let admin_incoming =
+            Incoming::new(self.admin_listener, self.admin_tls, "admin").context("admin API listener")?;
+        let admin = axum::serve(admin_incoming, admin_router.into_make_service_with_connect_info::<ClientAddr>())
             .with_graceful_shutdown(stopped(stop_rx.clone()));
 
         let options = SyncOptions {
@@ -112,9 +148,10 @@ impl App {
             ..SyncOptions::default()
         };
         let sync = SyncService::new(self.store.clone(), self.cluster_token, options);
+        let grpc_incoming = Incoming::new(self.grpc_listener, self.grpc_tls, "sync").context("sync listener")?;
         let grpc = tonic::transport::Server::builder()
             .add_service(sync.clone().into_server())
-            .serve_with_incoming_shutdown(TcpListenerStream::new(self.grpc_listener), stopped(stop_rx));
+            .serve_with_incoming_shutdown(grpc_incoming, stopped(stop_rx));
 
         tokio::spawn(async move {
             shutdown.await;

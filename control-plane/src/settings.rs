@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use clap::Args;
 
+use crate::tls::TlsFiles;
+
 #[derive(Debug, Clone, Args)]
 pub struct Settings {
     /// `sqlite://FILE` (created if missing) or `postgres://USER@HOST:PORT/DB`.
@@ -52,4 +54,43 @@ pub struct Settings {
     /// A data plane silent for this long is forgotten.
     #[arg(long, env = "SLUICE_PURGE_AFTER", default_value = "1h", value_parser = humantime::parse_duration)]
     pub purge_after: Duration,
+
+    /// PEM certificate chain the sync server presents: data planes then
+    /// connect with `https://`. Reloaded when the file changes.
+    #[arg(long, env = "SLUICE_GRPC_TLS_CERT", requires = "grpc_tls_key")]
+    pub grpc_tls_cert: Option<PathBuf>,
+
+    /// PEM private key of `--grpc-tls-cert`. Reloaded when the file changes.
+    #[arg(long, env = "SLUICE_GRPC_TLS_KEY", requires = "grpc_tls_cert")]
+    pub grpc_tls_key: Option<PathBuf>,
+
+    /// PEM CA bundle: a data plane must present a client certificate that
+    /// chains to it, or its connection is refused at the TLS handshake
+    /// (mutual TLS; the cluster token is still checked).
+    #[arg(long, env = "SLUICE_GRPC_CLIENT_CA", requires = "grpc_tls_cert")]
+    pub grpc_client_ca: Option<PathBuf>,
+
+    /// PEM certificate chain the admin API presents (HTTPS). Reloaded when the file changes.
+    #[arg(long, env = "SLUICE_ADMIN_TLS_CERT", requires = "admin_tls_key")]
+    pub admin_tls_cert: Option<PathBuf>,
+
+    /// PEM private key of `--admin-tls-cert`.
+    #[arg(long, env = "SLUICE_ADMIN_TLS_KEY", requires = "admin_tls_cert")]
+    pub admin_tls_key: Option<PathBuf>,
+}
+
+impl Settings {
+    /// The sync server's TLS files, when it serves TLS.
+    pub fn grpc_tls(&self) -> Option<TlsFiles> {
+        Some(TlsFiles {
+            cert: self.grpc_tls_cert.clone()?,
+            key: self.grpc_tls_key.clone()?,
+            client_ca: self.grpc_client_ca.clone(),
+        })
+    }
+
+    /// The admin API's TLS files, when it serves HTTPS.
+    pub fn admin_tls(&self) -> Option<TlsFiles> {
+        Some(TlsFiles { cert: self.admin_tls_cert.clone()?, key: self.admin_tls_key.clone()?, client_ca: None })
+    }
 }

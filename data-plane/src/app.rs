@@ -95,6 +95,7 @@ impl App {
                 heartbeat_interval: settings.heartbeat_interval(),
                 snapshot_cache: settings.snapshot_cache.clone(),
                 backoff: Backoff::default(),
+                tls: settings.sync_tls(),
             },
             tables.clone(),
         )?;

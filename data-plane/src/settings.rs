@@ -9,6 +9,7 @@ use clap::{Parser, ValueEnum};
 
 use crate::policy::rate_limit::{Cidr, CidrError};
 use crate::proxy::DEFAULT_IDLE_TIMEOUT;
+use crate::sync::SyncTls;
 
 /// An on/off switch spelled the way operators write it in env files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -31,6 +32,21 @@ pub struct Settings {
     /// gRPC address of the control plane's sync service.
     #[arg(long, env = "SLUICE_CONTROL_PLANE", default_value = "http://127.0.0.1:9090")]
     pub control_plane: String,
+
+    /// PEM CA bundle the control plane's certificate must chain to, for an
+    /// `https://` control plane (default: the system's CAs). Read again at
+    /// every connection.
+    #[arg(long, env = "SLUICE_CONTROL_PLANE_CA")]
+    pub control_plane_ca: Option<PathBuf>,
+
+    /// PEM client certificate presented to a control plane that requires
+    /// mutual TLS (`sluice-cp --grpc-client-ca`). Read again at every connection.
+    #[arg(long, env = "SLUICE_CLIENT_CERT", requires = "client_key")]
+    pub client_cert: Option<PathBuf>,
+
+    /// PEM private key of `--client-cert`.
+    #[arg(long, env = "SLUICE_CLIENT_KEY", requires = "client_cert")]
+    pub client_key: Option<PathBuf>,
 
     /// Shared secret presented to the control plane as `Bearer <token>`.
     #[arg(long, env = "SLUICE_CLUSTER_TOKEN", hide_env_values = true)]
@@ -109,6 +125,9 @@ impl Settings {
     pub fn with_defaults() -> Self {
         Self {
             control_plane: "http://127.0.0.1:9090".into(),
+            control_plane_ca: None,
+            client_cert: None,
+            client_key: None,
             cluster_token: None,
             http_addr: SocketAddr::from(([0, 0, 0, 0], 8080)),
             https_addr: SocketAddr::from(([0, 0, 0, 0], 8443)),
@@ -123,6 +142,14 @@ impl Settings {
             client_idle_timeout_secs: DEFAULT_IDLE_TIMEOUT.as_secs(),
             worker_threads: 0,
             check_ready: false,
+        }
+    }
+
+    /// The sync channel's TLS files.
+    pub fn sync_tls(&self) -> SyncTls {
+        SyncTls {
+            control_plane_ca: self.control_plane_ca.clone(),
+            client_identity: self.client_cert.clone().zip(self.client_key.clone()),
         }
     }
 

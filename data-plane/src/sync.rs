@@ -2,7 +2,10 @@
 //! Hello, receives snapshots on one gRPC stream, has the routing table store
 //! compile and swap each one, answers Ack or Nack, sends heartbeats, and
 //! reconnects with backoff. While it is disconnected the proxy keeps serving
-//! the last table it applied.
+//! the last table it applied. `transport` makes the connections (TLS for an
+//! `https://` control plane).
+
+mod transport;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,6 +28,8 @@ use tracing::{debug, error, info, warn};
 use crate::backoff::Backoff;
 use crate::routing::{ApplyOutcome, TableStore};
 use crate::snapshot_cache;
+
+pub use transport::{SyncTls, TransportError};
 
 /// Gauge: 1 while the sync stream is open, 0 otherwise.
 pub const METRIC_SYNC_CONNECTED: &str = "sluice_sync_connected";
@@ -52,8 +57,14 @@ pub enum SyncError {
     InvalidEndpoint { url: String, source: tonic::transport::Error },
     #[error("cluster token is not a valid header value")]
     InvalidToken,
+    #[error(transparent)]
+    Transport(#[from] TransportError),
     #[error("cannot connect to control plane {url}: {reason}")]
     Connect { url: String, reason: String },
+    /// The connection was made but TLS could not be set up: the certificates
+    /// or their files are wrong, which retrying alone will not fix.
+    #[error("cannot connect to control plane {url}: {reason}")]
+    Tls { url: String, reason: String },
     #[error("control plane refused the sync stream ({code:?}): {message}")]
     Refused { code: Code, message: String },
     #[error("sync stream failed ({code:?}): {message}")]
@@ -63,8 +74,19 @@ pub enum SyncError {
 }
 
 impl SyncError {
-    fn from_status(status: tonic::Status, opening: bool) -> Self {
-        let (code, message) = (status.code(), status.message().to_owned());
+    fn from_status(status: tonic::Status, opening: bool, url: &str) -> Self {
+        let code = status.code();
+        // A TLS 1.3 server refuses a client certificate after the client's
+        // side of the handshake is done: the alert surfaces here, under the
+        // status, as the cause of a cancelled call.
+        let causes = std::error::Error::source(&status).map(error_chain).unwrap_or_default();
+        if let Some(hint) = transport::refused_client_certificate(&causes) {
+            return SyncError::Tls { url: url.to_owned(), reason: format!("{causes}: {hint}") };
+        }
+        let message = match causes.is_empty() {
+            true => status.message().to_owned(),
+            false => format!("{}: {causes}", status.message()),
+        };
         if opening { SyncError::Refused { code, message } } else { SyncError::Stream { code, message } }
     }
 
@@ -74,6 +96,8 @@ impl SyncError {
         matches!(
             self,
             SyncError::InvalidToken
+                | SyncError::Transport(_)
+                | SyncError::Tls { .. }
                 | SyncError::Refused {
                     code: Code::Unauthenticated
                         | Code::PermissionDenied
@@ -147,6 +171,7 @@ pub struct SyncOptions {
     pub heartbeat_interval: Duration,
     pub snapshot_cache: Option<PathBuf>,
     pub backoff: Backoff,
+    pub tls: SyncTls,
 }
 
 /// Where a snapshot came from; only the control plane's are worth caching.
@@ -159,6 +184,7 @@ enum Source {
 pub struct SyncClient {
     options: SyncOptions,
     endpoint: Endpoint,
+    connector: transport::Connector,
     authorization: Option<MetadataValue<tonic::metadata::Ascii>>,
     tables: Arc<TableStore>,
     state: Arc<SyncState>,
@@ -175,13 +201,14 @@ impl SyncClient {
             .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
             .keep_alive_timeout(KEEPALIVE_TIMEOUT)
             .keep_alive_while_idle(true);
+        let connector = transport::Connector::new(&options.control_plane, options.tls.clone())?;
         let authorization = match &options.cluster_token {
             Some(token) => {
                 Some(MetadataValue::try_from(format!("Bearer {token}")).map_err(|_| SyncError::InvalidToken)?)
             }
             None => None,
         };
-        Ok(Self { options, endpoint, authorization, tables, state: Arc::default() })
+        Ok(Self { options, endpoint, connector, authorization, tables, state: Arc::default() })
     }
 
     pub fn state(&self) -> Arc<SyncState> {
@@ -260,11 +287,14 @@ impl SyncClient {
     /// One stream's life: connect, Hello, then snapshots and heartbeats until
     /// the stream breaks.
     async fn session(&self, backoff: &mut Backoff) -> Result<(), SyncError> {
-        let channel: Channel = self
-            .endpoint
-            .connect()
-            .await
-            .map_err(|e| SyncError::Connect { url: self.options.control_plane.clone(), reason: error_chain(&e) })?;
+        let channel: Channel = self.endpoint.connect_with_connector(self.connector.clone()).await.map_err(|e| {
+            let (url, reason) = (self.options.control_plane.clone(), error_chain(&e));
+            if transport_failure(&e).is_some_and(TransportError::needs_operator) {
+                SyncError::Tls { url, reason }
+            } else {
+                SyncError::Connect { url, reason }
+            }
+        })?;
         let mut client = ConfigSyncClient::new(channel).max_decoding_message_size(MAX_SNAPSHOT_BYTES);
 
         let (tx, rx) = mpsc::channel::<DataPlaneMessage>(16);
@@ -274,8 +304,11 @@ impl SyncClient {
         if let Some(value) = &self.authorization {
             request.metadata_mut().insert(AUTHORIZATION_METADATA, value.clone());
         }
-        let mut inbound =
-            client.sync(request).await.map_err(|status| SyncError::from_status(status, true))?.into_inner();
+        let mut inbound = client
+            .sync(request)
+            .await
+            .map_err(|status| SyncError::from_status(status, true, &self.options.control_plane))?
+            .into_inner();
         self.state.set_connected(true);
         info!(control_plane = %self.options.control_plane, node_id = %self.options.node_id, "sync stream open");
 
@@ -285,7 +318,7 @@ impl SyncClient {
         loop {
             tokio::select! {
                 message = inbound.message() => {
-                    let message = message.map_err(|status| SyncError::from_status(status, false))?;
+                    let message = message.map_err(|status| SyncError::from_status(status, false, &self.options.control_plane))?;
                     let Some(ControlPlaneMessage { message }) = message else { return Err(SyncError::Closed) };
                     match message {
                         Some(control_plane_message::Message::Snapshot(snapshot)) => {
@@ -405,6 +438,18 @@ impl SyncClient {
             Err(e) => warn!(version, error = %e, "snapshot cache writer failed"),
         }
     }
+}
+
+/// Our connector's error, if that is where `error` came from.
+fn transport_failure<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a TransportError> {
+    let mut source = Some(error);
+    while let Some(cause) = source {
+        if let Some(failure) = cause.downcast_ref::<TransportError>() {
+            return Some(failure);
+        }
+        source = cause.source();
+    }
+    None
 }
 
 /// tonic's transport errors say only "transport error" at the top; the cause

@@ -4,6 +4,7 @@
 //! planes run before they accept a snapshot.
 
 mod canonical;
+pub mod tls;
 mod validate;
 
 /// Generated types and the `ConfigSync` service.

@@ -16,7 +16,11 @@
 //! * the `postgres` service is the machine's PostgreSQL: a database URL whose
 //!   host is `postgres` becomes the URL of a fresh test database (so its user,
 //!   password and database name change along with the host);
-//! * services without `build:` (postgres; redis, behind a profile) are not started.
+//! * a named volume is a directory of the test's own, and a path under a
+//!   service's mount point (`/certs/ca.pem`) a path in that directory;
+//! * services without `build:` (postgres; redis, behind a profile) are not started;
+//! * a one-shot service (`restart: "no"`, like `certs`) runs to completion,
+//!   and must succeed, before the services that depend on it start.
 //!
 //! The Dockerfile's runtime stages are also checked here: distroless base,
 //! a non-root `USER`, no `RUN` (nothing installed, no compiler).
@@ -156,13 +160,19 @@ struct Service {
     replicas: usize,
     depends_on: Vec<String>,
     healthcheck: Vec<String>,
+    /// Named volume and where the service mounts it.
+    mounts: Vec<(String, String)>,
+    one_shot: bool,
 }
 
 /// Rewrites one value: listen addresses to ephemeral ports (recording them),
-/// other services' `name:port` to their bound addresses, `postgres` to the test database.
+/// other services' `name:port` to their bound addresses, `postgres` to the
+/// test database, paths in mounted volumes to the volumes' directories.
 struct Rewriter<'a> {
     bound: &'a HashMap<(String, u16), SocketAddr>,
     database_url: &'a str,
+    /// Mount point -> the volume's directory.
+    mounts: Vec<(String, PathBuf)>,
 }
 
 impl Rewriter<'_> {
@@ -170,6 +180,13 @@ impl Rewriter<'_> {
         if let Some(port) = value.strip_prefix("0.0.0.0:").and_then(|p| p.parse::<u16>().ok()) {
             listens.push((port, setting.to_string()));
             return "127.0.0.1:0".into();
+        }
+        for (mount, dir) in &self.mounts {
+            if let Some(rest) =
+                value.strip_prefix(mount.as_str()).filter(|rest| rest.is_empty() || rest.starts_with('/'))
+            {
+                return format!("{}{rest}", dir.display());
+            }
         }
         if value.starts_with("postgres://") && value.contains("@postgres:") {
             return self.database_url.to_string();
@@ -208,6 +225,16 @@ fn services(compose: &Value, stages: &BTreeMap<String, Stage>) -> Result<Vec<(Se
             _ => Vec::new(),
         };
         let healthcheck = spec["healthcheck"]["test"].as_array().map(|t| t.iter().map(scalar).collect());
+        let mut mounts = Vec::new();
+        for volume in spec["volumes"].as_array().into_iter().flatten() {
+            let text = scalar(volume);
+            let mut parts = text.split(':');
+            let (Some(volume), Some(mount)) = (parts.next(), parts.next()) else {
+                bail!("{name}: write volumes as NAME:/path[:ro], not {text}")
+            };
+            ensure!(compose["volumes"].get(volume).is_some(), "{name}: {volume} is not a named volume");
+            mounts.push((volume.to_string(), mount.to_string()));
+        }
         let service = Service {
             name: name.clone(),
             program,
@@ -217,6 +244,8 @@ fn services(compose: &Value, stages: &BTreeMap<String, Stage>) -> Result<Vec<(Se
             replicas: spec["deploy"]["replicas"].as_u64().map_or(1, |n| n as usize),
             depends_on,
             healthcheck: healthcheck.unwrap_or_default(),
+            mounts,
+            one_shot: scalar(&spec["restart"]) == "no",
         };
         out.push((service, spec.clone()));
     }
@@ -285,7 +314,7 @@ async fn run_stack(database_url: &str) -> Result<()> {
     let stages = dockerfile_stages(&std::fs::read_to_string(root().join("Dockerfile"))?)?;
     let mut pending = services(&compose, &stages)?;
     let names: Vec<String> = pending.iter().map(|(s, _)| s.name.clone()).collect();
-    ensure!(names.len() == 3, "expected control-plane, data-plane and demo-upstream to be built: {names:?}");
+    ensure!(names.len() == 4, "expected certs, control-plane, data-plane and demo-upstream to be built: {names:?}");
 
     let mut bound: HashMap<(String, u16), SocketAddr> = HashMap::new();
     let mut running: BTreeMap<String, (Service, Vec<Running>)> = BTreeMap::new();
@@ -296,7 +325,13 @@ async fn run_stack(database_url: &str) -> Result<()> {
             .position(|(s, _)| s.depends_on.iter().all(|d| running.contains_key(d) || !names.contains(d)))
             .context("depends_on has a cycle")?;
         let (mut service, spec) = pending.remove(ready);
-        let rewriter = Rewriter { bound: &bound, database_url };
+        let mut mounts = Vec::new();
+        for (volume, mount) in &service.mounts {
+            let volume_dir = dir.path().join("volumes").join(volume);
+            std::fs::create_dir_all(&volume_dir)?;
+            mounts.push((mount.clone(), volume_dir));
+        }
+        let rewriter = Rewriter { bound: &bound, database_url, mounts };
         let mut listens = Vec::new();
         let mut args = Vec::new();
         let mut previous = String::new();
@@ -311,6 +346,18 @@ async fn run_stack(database_url: &str) -> Result<()> {
         }
         service.args = args;
         service.listens = listens;
+        if service.one_shot {
+            let output = Command::new(binary(&service.program))
+                .args(&service.args)
+                .env_clear()
+                .envs(&service.env)
+                .current_dir(dir.path())
+                .output()
+                .await?;
+            ensure!(output.status.success(), "{} failed: {}", service.name, String::from_utf8_lossy(&output.stderr));
+            running.insert(service.name.clone(), (service, Vec::new()));
+            continue;
+        }
         let mut replicas = Vec::new();
         for _ in 0..service.replicas {
             replicas.push(start(&service, dir.path()).await?);
@@ -327,6 +374,8 @@ async fn run_stack(database_url: &str) -> Result<()> {
     let admin_url = format!("http://{}", cps[0].addr("admin_addr")?);
     let admin_token = cp.env.get("SLUICE_ADMIN_TOKEN").context("SLUICE_ADMIN_TOKEN")?;
     ensure!(dps.len() == 2, "two data planes by default, got {}", dps.len());
+    ensure!(cps[0].line["grpc_tls"] == true, "the planes sync over TLS by default: {}", cps[0].line);
+    ensure!(dp.env.get("SLUICE_CONTROL_PLANE").is_some_and(|url| url.starts_with("https://")), "{:?}", dp.env);
 
     // The readiness healthcheck, run as Docker would inside each data-plane
     // container: same binary, same environment, with the ops port it bound.

@@ -4,6 +4,7 @@
 
 mod cluster;
 mod jwks;
+mod planes_tls;
 mod resilience;
 mod standalone;
 mod streaming;

@@ -67,27 +67,27 @@ pub async fn control_plane(dir: &std::path::Path) -> Result<Process> {
 /// A control plane on a given gRPC address, so a test can bring one back
 /// where its data planes look for it (same `dir`, so the same SQLite file).
 pub async fn control_plane_on(dir: &std::path::Path, grpc_addr: &str) -> Result<Process> {
+    control_plane_with(dir, &["--grpc-addr", grpc_addr]).await
+}
+
+/// A control plane with its state in `dir` and extra flags, which replace
+/// the defaults of the same name.
+pub async fn control_plane_with(dir: &std::path::Path, extra: &[&str]) -> Result<Process> {
     let db = format!("sqlite://{}", dir.join("sluice.db").display());
     let key = dir.join("secret.key");
     let key = key.to_str().context("temp path")?;
-    spawn(
-        "sluice-cp",
-        &[
-            "--database-url",
-            &db,
-            "--admin-addr",
-            "127.0.0.1:0",
-            "--grpc-addr",
-            grpc_addr,
-            "--admin-token",
-            ADMIN_TOKEN,
-            "--cluster-token",
-            CLUSTER_TOKEN,
-            "--secret-key-file",
-            key,
-        ],
-    )
-    .await
+    let defaults = [
+        ("--database-url", db.as_str()),
+        ("--admin-addr", "127.0.0.1:0"),
+        ("--grpc-addr", "127.0.0.1:0"),
+        ("--admin-token", ADMIN_TOKEN),
+        ("--cluster-token", CLUSTER_TOKEN),
+        ("--secret-key-file", key),
+    ];
+    let mut args: Vec<&str> =
+        defaults.iter().filter(|(flag, _)| !extra.contains(flag)).flat_map(|(flag, value)| [*flag, *value]).collect();
+    args.extend_from_slice(extra);
+    spawn("sluice-cp", &args).await
 }
 
 /// `sluice standalone` on ephemeral ports, keeping its state in `dir`.
@@ -124,10 +124,14 @@ pub async fn data_plane(grpc: SocketAddr, node_id: &str) -> Result<Process> {
 
 /// A data plane with extra flags, such as `--snapshot-cache FILE`.
 pub async fn data_plane_with(grpc: SocketAddr, node_id: &str, extra: &[&str]) -> Result<Process> {
-    let control_plane = format!("http://{grpc}");
+    data_plane_at(&format!("http://{grpc}"), node_id, extra).await
+}
+
+/// A data plane syncing from `control_plane` (a URL), with extra flags.
+pub async fn data_plane_at(control_plane: &str, node_id: &str, extra: &[&str]) -> Result<Process> {
     let mut args = vec![
         "--control-plane",
-        &control_plane,
+        control_plane,
         "--cluster-token",
         CLUSTER_TOKEN,
         "--http-addr",
