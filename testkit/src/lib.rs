@@ -1,8 +1,12 @@
-//! Test support shared by the workspace's integration tests: start a real
-//! binary, read the JSON address line it prints first, keep its logs, and
-//! kill it when the test ends (also when the test fails); and simulated data
-//! planes (`sim_node`) for fleet tests and the fleet benchmark.
+//! Test support shared by the workspace's tests: start a real binary, read
+//! the JSON address line it prints first, keep its logs, and kill it when the
+//! test ends (also when the test fails); wait for a condition; the shared
+//! services (`services`) and a fresh PostgreSQL database per test
+//! (`postgres`); and simulated data planes (`sim_node`) for fleet tests and
+//! the fleet benchmark.
 
+pub mod postgres;
+pub mod services;
 pub mod sim_node;
 
 use std::ffi::OsStr;
@@ -80,14 +84,8 @@ impl Process {
 
     /// Waits until the process logged a line containing `needle`.
     pub async fn wait_for_log(&self, needle: &str) -> Result<()> {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        while tokio::time::Instant::now() < deadline {
-            if self.stderr().contains(needle) {
-                return Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        bail!("no log line containing {needle:?}; stderr:\n{}", self.stderr())
+        let logged = eventually(needle, Duration::from_millis(50), || async { self.stderr().contains(needle) }).await;
+        logged.with_context(|| format!("no log line containing {needle:?}; stderr:\n{}", self.stderr()))
     }
 
     /// Sends SIGTERM, as an orchestrator would.
@@ -108,6 +106,37 @@ impl Process {
     pub fn pid(&self) -> Result<u32> {
         self.child.id().context("the process has exited")
     }
+}
+
+/// Polls `check` every `interval` until it holds, or fails naming `what`
+/// once [`WAIT`] has passed. Tests wait on conditions, never for a fixed time.
+pub async fn eventually<F, Fut>(what: &str, interval: Duration, mut check: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while tokio::time::Instant::now() < deadline {
+        if check().await {
+            return Ok(());
+        }
+        tokio::time::sleep(interval).await;
+    }
+    bail!("timed out waiting for {what}")
+}
+
+/// The sum of a metric's series in Prometheus text (every label set), or
+/// `None` when it has none.
+pub fn metric_sum(text: &str, name: &str) -> Option<f64> {
+    let values = text.lines().filter_map(|line| {
+        let rest = line.strip_prefix(name)?;
+        let value = match rest.strip_prefix('{') {
+            Some(labelled) => labelled.split_once("} ")?.1,
+            None => rest.strip_prefix(' ')?,
+        };
+        value.trim().parse::<f64>().ok()
+    });
+    values.fold(None, |sum, value| Some(sum.unwrap_or(0.0) + value))
 }
 
 /// Resident memory of a live process in KiB, from `VmRSS` in `/proc/PID/status`.
@@ -134,4 +163,18 @@ fn collect(reader: impl AsyncRead + Unpin + Send + 'static) -> Arc<Mutex<String>
         }
     });
     buffer
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metric_sums_add_every_label_set() {
+        let text = "# TYPE a gauge\na{t=\"x\"} 1\na{t=\"y\"} 2\nab 7\nb 3\n";
+        assert_eq!(metric_sum(text, "a"), Some(3.0));
+        assert_eq!(metric_sum(text, "b"), Some(3.0));
+        assert_eq!(metric_sum(text, "ab"), Some(7.0));
+        assert_eq!(metric_sum(text, "c"), None);
+    }
 }

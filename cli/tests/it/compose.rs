@@ -33,10 +33,10 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::Value;
+use sluice_testkit::postgres::FreshDatabase;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-use crate::pg::with_fresh_database;
 use crate::support::{WAIT, binary, eventually};
 
 fn root() -> PathBuf {
@@ -303,7 +303,8 @@ async fn start(service: &Service, dir: &Path) -> Result<Running> {
 
 #[tokio::test]
 async fn the_compose_stack_runs_as_written_and_serves_a_request() -> Result<()> {
-    with_fresh_database("compose", |database_url| async move { run_stack(&database_url).await }).await
+    let Some(database) = FreshDatabase::create("compose").await? else { return Ok(()) };
+    run_stack(&database.url).await
 }
 
 async fn run_stack(database_url: &str) -> Result<()> {

@@ -14,5 +14,4 @@ mod websocket;
 // deployment and operator experience (issue 6)
 mod cli_roundtrip;
 mod compose;
-mod pg;
 mod replicas;

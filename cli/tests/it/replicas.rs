@@ -9,8 +9,8 @@ use std::net::SocketAddr;
 use anyhow::{Context, Result, ensure};
 use reqwest::Method;
 use serde_json::json;
+use sluice_testkit::postgres::FreshDatabase;
 
-use crate::pg::with_fresh_database;
 use crate::support::{ADMIN_TOKEN, Admin, CLUSTER_TOKEN, Process, data_plane, eventually, served_by, spawn, upstream};
 
 /// Every replica must share this key: each one seals and opens the same
@@ -53,7 +53,8 @@ async fn both_serve(client: &reqwest::Client, proxies: &[SocketAddr], path: &str
 
 #[tokio::test]
 async fn a_write_on_either_control_plane_reaches_every_data_plane() -> Result<()> {
-    with_fresh_database("replicas", |url| async move { two_replicas(&url).await }).await
+    let Some(database) = FreshDatabase::create("replicas").await? else { return Ok(()) };
+    two_replicas(&database.url).await
 }
 
 async fn two_replicas(database_url: &str) -> Result<()> {

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use crate::support::{
     Admin, WAIT, all_applied, control_plane, control_plane_on, data_plane, data_plane_with, eventually,
-    eventually_every, served_by, upstream,
+    eventually_every, metric_sum, served_by, upstream,
 };
 
 /// Fine polling where the test measures or paces by how soon a change lands.
@@ -117,7 +117,13 @@ async fn swaps_under_load_drop_nothing_and_in_flight_requests_finish_on_the_old_
     eventually("the slow API", || async { served_by(&client, &slow_url).await.is_ok() }).await?;
     // 2 s upstream delay: ample time for the swap to land while the request is in flight.
     let slow = tokio::spawn(client.get(format!("{slow_url}?delay_ms=2000")).send());
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let metrics_url = format!("http://{}/metrics", dp.addr("ops_addr")?);
+    eventually("the slow request in flight", || async {
+        let Ok(response) = client.get(&metrics_url).send().await else { return false };
+        let text = response.text().await.unwrap_or_default();
+        metric_sum(&text, "sluice_upstream_active_connections") == Some(1.0)
+    })
+    .await?;
     admin.ok(Method::DELETE, "/v1/apis/slow", None).await?;
     eventually("the slow API removed", || async { served_by(&client, &slow_url).await == Err(404) }).await?;
     ensure!(!slow.is_finished(), "the slow request finished before the swap; the test proves nothing");

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-pub use sluice_testkit::{Process, WAIT, rss_kib};
+pub use sluice_testkit::{Process, WAIT, eventually as eventually_every, metric_sum, rss_kib};
 pub const ADMIN_TOKEN: &str = "e2e-admin-token";
 pub const CLUSTER_TOKEN: &str = "e2e-cluster-token";
 
@@ -201,29 +201,13 @@ impl Admin {
     }
 }
 
-/// Polls `check` until it holds or `WAIT` passes.
+/// Polls `check` every 50 ms until it holds or `WAIT` passes.
 pub async fn eventually<F, Fut>(what: &str, check: F) -> Result<()>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
     eventually_every(what, Duration::from_millis(50), check).await
-}
-
-/// [`eventually`] with a chosen poll interval, for tests that time how soon something holds.
-pub async fn eventually_every<F, Fut>(what: &str, interval: Duration, mut check: F) -> Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while tokio::time::Instant::now() < deadline {
-        if check().await {
-            return Ok(());
-        }
-        tokio::time::sleep(interval).await;
-    }
-    bail!("timed out waiting for {what}")
 }
 
 /// The `server` name the test upstream put in its echo, or the status on failure.

@@ -1,11 +1,12 @@
 //! The store's test suite, run once on a temporary SQLite file and once on a
-//! fresh PostgreSQL database (`SLUICE_TEST_DATABASE_URL`; skipped when unset,
-//! a failure when unset or unreachable under `CI=true`).
+//! fresh PostgreSQL database (`sluice_testkit::postgres`: skipped when
+//! `SLUICE_TEST_DATABASE_URL` is unset, a failure under `CI=true`).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use serde_json::json;
+use sluice_testkit::postgres::FreshDatabase;
 
 use super::*;
 use crate::model::{Api, Upstream};
@@ -28,7 +29,7 @@ fn api(name: &str, upstream: &str) -> Api {
 struct TestDb {
     url: String,
     _dir: Option<tempfile::TempDir>,
-    postgres: Option<(String, String)>,
+    postgres: Option<FreshDatabase>,
 }
 
 impl TestDb {
@@ -40,62 +41,12 @@ impl TestDb {
 
     /// None (test skipped) when no PostgreSQL is configured outside CI.
     async fn postgres() -> Option<TestDb> {
-        let ci = std::env::var("CI").is_ok_and(|v| v == "true");
-        let admin_url = match std::env::var("SLUICE_TEST_DATABASE_URL") {
-            Ok(url) if !url.is_empty() => url,
-            _ if ci => panic!("CI=true but SLUICE_TEST_DATABASE_URL is not set: the PostgreSQL store tests must run"),
-            _ => {
-                eprintln!("skipping PostgreSQL store test: SLUICE_TEST_DATABASE_URL is not set");
-                return None;
-            }
-        };
-        let name = format!("sluice_test_{}", hex::encode(crate::credentials::random_bytes::<8>()));
-        let mut admin = sqlx::PgConnection::connect(&admin_url)
-            .await
-            .unwrap_or_else(|e| panic!("SLUICE_TEST_DATABASE_URL is set but unreachable: {e}"));
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut admin).await.unwrap();
-        admin.close().await.unwrap();
-        Some(TestDb { url: with_database(&admin_url, &name), _dir: None, postgres: Some((admin_url, name)) })
+        let database = FreshDatabase::create("store").await.unwrap_or_else(|e| panic!("{e:#}"))?;
+        Some(TestDb { url: database.url.clone(), _dir: None, postgres: Some(database) })
     }
 
     async fn open(&self) -> Store {
         Store::open(&self.url, secrets()).await.unwrap()
-    }
-}
-
-/// Drops the test database even when the test panicked, from a thread of its
-/// own because `Drop` cannot await. FORCE ends the store's leftover connections.
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        let Some((admin_url, name)) = self.postgres.take() else { return };
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-            runtime.block_on(async {
-                let mut admin = sqlx::PgConnection::connect(&admin_url).await?;
-                sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")))
-                    .execute(&mut admin)
-                    .await?;
-                admin.close().await
-            })
-        })
-        .join();
-        if !matches!(dropped, Ok(Ok(()))) {
-            eprintln!("could not drop a PostgreSQL test database");
-        }
-    }
-}
-
-/// `postgres://user@host:port/db?opts` with the database replaced by `name`.
-fn with_database(url: &str, name: &str) -> String {
-    let (base, query) = url.split_once('?').map_or((url, None), |(b, q)| (b, Some(q)));
-    let authority_start = base.find("://").map_or(0, |i| i + 3);
-    let base = match base[authority_start..].find('/') {
-        Some(slash) => &base[..authority_start + slash],
-        None => base,
-    };
-    match query {
-        Some(query) => format!("{base}/{name}?{query}"),
-        None => format!("{base}/{name}"),
     }
 }
 
@@ -421,13 +372,6 @@ async fn in_memory_sqlite_works() {
         .unwrap();
     assert_eq!(committed.version, 2);
     assert_eq!(store.config().await.unwrap().upstreams.len(), 1);
-}
-
-#[test]
-fn database_url_is_replaced() {
-    assert_eq!(with_database("postgres://postgres@127.0.0.1:5432/test", "x"), "postgres://postgres@127.0.0.1:5432/x");
-    assert_eq!(with_database("postgres://u:p@h/test?sslmode=disable", "x"), "postgres://u:p@h/x?sslmode=disable");
-    assert_eq!(with_database("postgres://h:5432", "x"), "postgres://h:5432/x");
 }
 
 #[test]

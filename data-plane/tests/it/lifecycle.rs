@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use crate::fake_cp::{FakeControlPlane, snapshot};
-use crate::support::{DataPlane, Upstream, client, metric_value};
+use crate::support::{DataPlane, Upstream, client, metric_sum};
 
 #[tokio::test]
 async fn ops_endpoints_answer_before_any_snapshot() -> Result<()> {
@@ -18,7 +18,7 @@ async fn ops_endpoints_answer_before_any_snapshot() -> Result<()> {
     let metrics = client().get(dp.ops_url("/metrics")).send().await?;
     assert_eq!(metrics.status().as_u16(), 200);
     let text = metrics.text().await?;
-    assert!(metric_value(&text, "sluice_sync_connected").is_some(), "{text}");
+    assert!(metric_sum(&text, "sluice_sync_connected").is_some(), "{text}");
     Ok(())
 }
 
@@ -32,8 +32,8 @@ async fn sigterm_finishes_in_flight_requests_then_exits() -> Result<()> {
     conn.ack().await?;
 
     let slow = tokio::spawn(client().get(dp.url("/slow?delay_ms=1000")).send());
-    // Let the request reach the upstream before the signal.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The request is in flight before the signal.
+    dp.wait_metric("sluice_upstream_active_connections", 1.0).await?;
     let started = Instant::now();
     dp.process.terminate()?;
 
@@ -62,7 +62,7 @@ async fn client_connections_are_split_evenly_across_the_workers() -> Result<()> 
     for response in futures_util::future::join_all(sent).await {
         assert_eq!(response?.status().as_u16(), 200);
     }
-    let open = |text: &str, worker: u8| metric_value(text, &format!("sluice_open_connections{{worker=\"{worker}\"}}"));
+    let open = |text: &str, worker: u8| metric_sum(text, &format!("sluice_open_connections{{worker=\"{worker}\"}}"));
     let text = client().get(dp.ops_url("/metrics")).send().await?.text().await?;
     let (first, second) = (open(&text, 0).unwrap_or(-1.0), open(&text, 1).unwrap_or(-1.0));
     assert_eq!(first + second, 20.0, "{text}");
@@ -104,7 +104,7 @@ async fn proxy_workers_all_serve_and_sigterm_drops_requests_past_the_grace() -> 
 
     // Past the 5 s grace, what is still in flight is dropped and the process exits.
     let stuck = tokio::spawn(client().get(dp.url("/slow?delay_ms=30000")).send());
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    dp.wait_metric("sluice_upstream_active_connections", 1.0).await?;
     let started = Instant::now();
     dp.process.terminate()?;
     let status = tokio::time::timeout(Duration::from_secs(15), dp.process.child.wait()).await??;

@@ -6,9 +6,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 
-pub use sluice_testkit::{Process, WAIT};
+pub use sluice_testkit::{Process, WAIT, eventually, metric_sum};
 
 /// Data-plane tests read its debug logs.
 const LOG_LEVEL: (&str, &str) = ("RUST_LOG", "info,sluice_data_plane=debug");
@@ -86,45 +86,23 @@ impl DataPlane {
 
     /// Waits until `/readyz` answers `status`.
     pub async fn wait_ready_status(&self, status: u16) -> Result<()> {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
-            if self.ready_status().await.ok() == Some(status) {
-                return Ok(());
-            }
-            if tokio::time::Instant::now() > deadline {
-                bail!("/readyz never answered {status}; stderr:\n{}", self.process.stderr());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let ready = || async { self.ready_status().await.ok() == Some(status) };
+        let waited = eventually("/readyz", Duration::from_millis(50), ready).await;
+        waited.with_context(|| format!("/readyz never answered {status}; stderr:\n{}", self.process.stderr()))
     }
 
-    /// The value of an unlabelled series on `/metrics`, if present.
+    /// The value of a metric on `/metrics` (summed over its series), if present.
     pub async fn metric(&self, name: &str) -> Result<Option<f64>> {
         let text = client().get(self.ops_url("/metrics")).send().await?.text().await?;
-        Ok(metric_value(&text, name))
+        Ok(metric_sum(&text, name))
     }
 
-    /// Waits until an unlabelled metric has `value`.
+    /// Waits until a metric has `value`.
     pub async fn wait_metric(&self, name: &str, value: f64) -> Result<()> {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
-            let current = self.metric(name).await?;
-            if current == Some(value) {
-                return Ok(());
-            }
-            if tokio::time::Instant::now() > deadline {
-                bail!("{name} is {current:?}, expected {value}");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let reached = || async { self.metric(name).await.ok().flatten() == Some(value) };
+        let waited = eventually(name, Duration::from_millis(50), reached).await;
+        waited.with_context(|| format!("{name} is not {value}"))
     }
-}
-
-pub fn metric_value(text: &str, name: &str) -> Option<f64> {
-    text.lines().find_map(|line| {
-        let rest = line.strip_prefix(name)?;
-        rest.strip_prefix(' ')?.trim().parse().ok()
-    })
 }
 
 /// A client that ignores any proxy set in the environment: tests talk to 127.0.0.1 directly.

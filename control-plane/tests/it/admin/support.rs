@@ -11,13 +11,13 @@ use sluice_control_plane::admin::{AdminState, router};
 use sluice_control_plane::secrets::SecretBox;
 use sluice_control_plane::store::Store;
 use sluice_control_plane::tokens::TokenDigest;
-use sqlx::Connection;
+use sluice_testkit::postgres::FreshDatabase;
 
 pub const TOKEN: &str = "test-admin-token-0123456789";
 
 /// Runs one scenario on SQLite and on PostgreSQL: `both!(name, scenario)` makes `name::sqlite` and
 /// `name::postgres`. The PostgreSQL variant needs `SLUICE_TEST_DATABASE_URL`; without it the test says so and
-/// passes, except under `CI=true`, where a missing database is a failure.
+/// passes, except under `CI=true`, where a missing database is a failure (`sluice_testkit::postgres`).
 macro_rules! both {
     ($name:ident, $scenario:ident) => {
         mod $name {
@@ -45,7 +45,8 @@ pub struct Server {
     pub store: Store,
     serve: tokio::task::JoinHandle<()>,
     _dir: Option<tempfile::TempDir>,
-    postgres: Option<(String, String)>,
+    /// Dropped (database and all) with the server.
+    _postgres: Option<FreshDatabase>,
 }
 
 /// A response read to the end.
@@ -93,30 +94,12 @@ impl Server {
     }
 
     pub async fn postgres() -> Option<Server> {
-        let Ok(admin_url) = std::env::var("SLUICE_TEST_DATABASE_URL") else {
-            if std::env::var("CI").is_ok_and(|v| v == "true") {
-                panic!("CI=true but SLUICE_TEST_DATABASE_URL is not set: the PostgreSQL tests must run in CI");
-            }
-            eprintln!(
-                "skipping the PostgreSQL variant: set SLUICE_TEST_DATABASE_URL (e.g. postgres://postgres@127.0.0.1:5432/test)"
-            );
-            return None;
-        };
-        let database = format!("sluice_admin_{}", uuid::Uuid::new_v4().simple());
-        let mut conn = sqlx::PgConnection::connect(&admin_url)
-            .await
-            .unwrap_or_else(|e| panic!("connect to SLUICE_TEST_DATABASE_URL: {e}"));
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {database}")))
-            .execute(&mut conn)
-            .await
-            .unwrap_or_else(|e| panic!("create database: {e}"));
-        let _ = conn.close().await;
-        let url = with_database(&admin_url, &database);
-        let store = Store::open(&url, secrets()).await.unwrap_or_else(|e| panic!("open postgres store: {e}"));
-        Some(Self::start(store, None, Some((admin_url, database))).await)
+        let database = FreshDatabase::create("admin").await.unwrap_or_else(|e| panic!("{e:#}"))?;
+        let store = Store::open(&database.url, secrets()).await.unwrap_or_else(|e| panic!("open postgres store: {e}"));
+        Some(Self::start(store, None, Some(database)).await)
     }
 
-    async fn start(store: Store, dir: Option<tempfile::TempDir>, postgres: Option<(String, String)>) -> Server {
+    async fn start(store: Store, dir: Option<tempfile::TempDir>, postgres: Option<FreshDatabase>) -> Server {
         let app = router(AdminState {
             store: store.clone(),
             admin_token: TokenDigest::of(TOKEN),
@@ -131,20 +114,13 @@ impl Server {
             .timeout(Duration::from_secs(60))
             .build()
             .unwrap_or_else(|e| panic!("client: {e}"));
-        Server { base: format!("http://{addr}"), http, store, serve, _dir: dir, postgres }
+        Server { base: format!("http://{addr}"), http, store, serve, _dir: dir, _postgres: postgres }
     }
 
-    /// Stops the server and drops a PostgreSQL test database.
+    /// Stops the server and closes the store; a PostgreSQL test database is dropped with `self`.
     pub async fn finish(self) {
         self.serve.abort();
         self.store.close().await;
-        if let Some((admin_url, database)) = &self.postgres
-            && let Ok(mut conn) = sqlx::PgConnection::connect(admin_url).await
-        {
-            let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)")))
-                .execute(&mut conn)
-                .await;
-        }
     }
 
     /// An authenticated request with an optional JSON body.
@@ -196,19 +172,6 @@ pub async fn reply(request: reqwest::RequestBuilder) -> Reply {
     let headers = response.headers().clone();
     let text = response.text().await.unwrap_or_else(|e| panic!("reading the body: {e}"));
     Reply { status, headers, text }
-}
-
-fn with_database(url: &str, database: &str) -> String {
-    let (base, query) = url.split_once('?').map_or((url, None), |(b, q)| (b, Some(q)));
-    let after_scheme = base.find("://").map_or(0, |i| i + 3);
-    let base = match base[after_scheme..].find('/') {
-        Some(slash) => &base[..after_scheme + slash],
-        None => base,
-    };
-    match query {
-        Some(query) => format!("{base}/{database}?{query}"),
-        None => format!("{base}/{database}"),
-    }
 }
 
 /// The Fruitshop spec from the shared fixtures, read at test time.
