@@ -77,41 +77,17 @@ struct Shared {
     options: ProxyOptions,
 }
 
-/// Serves the plain-HTTP proxy (HTTP/1.1 and h2c) on `listener` until
-/// `shutdown` completes, then stops accepting, asks every open connection to
-/// close after its in-flight requests, and returns once they all have.
-/// Callers wanting a deadline wrap this future in a timeout.
-pub async fn serve(
-    listener: TcpListener,
-    tables: Arc<TableStore>,
-    options: ProxyOptions,
-    shutdown: impl Future<Output = ()>,
-) -> std::io::Result<()> {
-    serve_listener(listener, tables, options, None, None, shutdown).await
-}
-
-/// Serves the HTTPS proxy: like [`serve`], with a TLS handshake (certificate
-/// by SNI, HTTP/2 or HTTP/1.1 by ALPN) before each connection is served.
-/// Requests are forwarded with `X-Forwarded-Proto: https`.
-pub async fn serve_tls(
-    listener: TcpListener,
-    tables: Arc<TableStore>,
-    options: ProxyOptions,
-    tls: Arc<rustls::ServerConfig>,
-    shutdown: impl Future<Output = ()>,
-) -> std::io::Result<()> {
-    serve_listener(listener, tables, options.over_tls(), Some(TlsAcceptor::from(tls)), None, shutdown).await
-}
-
-/// The accept loop both listeners share; `tls` set means a handshake first.
-/// A proxy worker accepts through its `seat`, only while it has its share of
-/// the connections (see `balance`).
+/// The accept loop of one proxy worker on one listener; `tls` set means a
+/// handshake first. On `shutdown` it stops accepting, asks every open
+/// connection to close after its in-flight requests, and returns once they
+/// all have. The worker accepts through its `seat`, only while it has its
+/// share of the connections (see `balance`).
 async fn serve_listener(
     listener: TcpListener,
     tables: Arc<TableStore>,
     options: ProxyOptions,
     tls: Option<TlsAcceptor>,
-    seat: Option<Seat>,
+    seat: Seat,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let shared = Arc::new(Shared { tables, options });
@@ -124,7 +100,7 @@ async fn serve_listener(
     loop {
         let (stream, peer) = tokio::select! {
             () = &mut shutdown => break,
-            accepted = accept(&listener, seat.as_ref()) => match accepted {
+            accepted = accept(&listener, &seat) => match accepted {
                 Ok(accepted) => accepted,
                 Err(e) => {
                     warn!(error = %e, "accept failed");
@@ -139,7 +115,7 @@ async fn serve_listener(
         let protocols = protocols.clone();
         let stop_rx = stop_rx.clone();
         // Dropped when the connection ends: tells shutdown, and the worker balance.
-        let open = (open_tx.clone(), seat.as_ref().map(Seat::hold));
+        let open = (open_tx.clone(), seat.hold());
         // Two task types, not one with a branch: a task is as large as its
         // largest state, and a plain connection must not carry the room a TLS
         // handshake and session need (kilobytes per open connection).
@@ -176,10 +152,8 @@ async fn serve_listener(
     Ok(())
 }
 
-async fn accept(listener: &TcpListener, seat: Option<&Seat>) -> std::io::Result<(TcpStream, SocketAddr)> {
-    if let Some(seat) = seat {
-        seat.turn().await;
-    }
+async fn accept(listener: &TcpListener, seat: &Seat) -> std::io::Result<(TcpStream, SocketAddr)> {
+    seat.turn().await;
     listener.accept().await
 }
 

@@ -97,10 +97,8 @@ async fn serve_both(
     drain: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let (http, https) = (TcpListener::from_std(http)?, TcpListener::from_std(https)?);
-    let plain = Some(seat.clone());
-    let http = serve_listener(http, tables.clone(), options, None, plain, stopped(drain.clone()));
-    let https =
-        serve_listener(https, tables, options.over_tls(), Some(TlsAcceptor::from(tls)), Some(seat), stopped(drain));
+    let http = serve_listener(http, tables.clone(), options, None, seat.clone(), stopped(drain.clone()));
+    let https = serve_listener(https, tables, options.over_tls(), Some(TlsAcceptor::from(tls)), seat, stopped(drain));
     let (http, https) = tokio::join!(http, https);
     http.and(https)
 }

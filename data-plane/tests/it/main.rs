@@ -1,8 +1,10 @@
-//! The data plane's integration tests: real `sluice-dp` and
-//! `sluice-test-upstream` processes on 127.0.0.1 with ephemeral ports, driven
-//! by a fake control plane where sync is involved. One binary keeps link time down.
+//! The data plane's integration tests on 127.0.0.1 with ephemeral ports, fed
+//! by a fake control plane: the proxy path in-process (`gateway`, the real
+//! `App`), and real `sluice-dp` and `sluice-test-upstream` processes where the
+//! binary itself is under test. One binary keeps link time down.
 
 mod fake_cp;
+mod gateway;
 mod support;
 
 mod lifecycle;

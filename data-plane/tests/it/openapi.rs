@@ -1,6 +1,6 @@
 //! The `openapi` policy through a real proxy: the Fruitshop spec (Membrane's
-//! benchmark) bound to an API, `TableStore` + `proxy::serve` on 127.0.0.1:0,
-//! and an upstream that records every request, so each case checks both the
+//! benchmark) bound to an API, the in-process data plane of `gateway`, and
+//! an upstream that records every request, so each case checks both the
 //! client's answer and that a rejected request never reached the upstream.
 
 use std::convert::Infallible;
@@ -15,12 +15,11 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
-use sluice_data_plane::proxy::{self, ProxyOptions};
-use sluice_data_plane::routing::TableStore;
 use sluice_proto::v1;
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+
+use crate::gateway::Gateway;
 
 /// An upstream that plays the Fruitshop: records (method, path, body) and
 /// answers with a product, or with a broken one for `/products/8`.
@@ -83,32 +82,6 @@ async fn answer(
     Ok(response.unwrap_or_default())
 }
 
-struct Gateway {
-    addr: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-}
-
-impl Gateway {
-    async fn start(tables: Arc<TableStore>) -> Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let (stop, stopped) = oneshot::channel::<()>();
-        let options = ProxyOptions { access_log: false, ..ProxyOptions::default() };
-        tokio::spawn(proxy::serve(listener, tables, options, async move {
-            let _ = stopped.await;
-        }));
-        Ok(Gateway { addr, stop: Some(stop) })
-    }
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-    }
-}
-
 fn fruitshop_json() -> Result<String> {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/fruitshop/fruitshop-v2-2-0.oas.yml");
     let yaml = std::fs::read_to_string(path).context("reading the Fruitshop fixture")?;
@@ -128,7 +101,7 @@ fn snapshot(shop: &Shop, spec_json: String) -> v1::Snapshot {
         }),
         ..Default::default()
     };
-    let mut s = v1::Snapshot {
+    v1::Snapshot {
         version: 1,
         apis: vec![api],
         upstreams: vec![v1::Upstream {
@@ -138,10 +111,7 @@ fn snapshot(shop: &Shop, spec_json: String) -> v1::Snapshot {
         }],
         specs: vec![v1::Spec { name: "fruitshop".into(), json: spec_json }],
         ..Default::default()
-    };
-    sluice_proto::canonicalize(&mut s);
-    s.hash = sluice_proto::content_hash(&s);
-    s
+    }
 }
 
 /// (case, method, path, content type, body, status, location named in the problem; None = forwarded)
@@ -150,9 +120,7 @@ type Case<'a> = (&'a str, &'a str, &'a str, Option<&'a str>, &'a str, u16, Optio
 #[tokio::test]
 async fn fruitshop_requests_through_the_proxy() -> Result<()> {
     let shop = Shop::start().await?;
-    let tables = Arc::new(TableStore::new());
-    tables.apply(&snapshot(&shop, fruitshop_json()?))?;
-    let gateway = Gateway::start(tables).await?;
+    let gateway = Gateway::start(&snapshot(&shop, fruitshop_json()?)).await?;
     let client = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
     let json = Some("application/json");
     let long_name = format!(r#"{{"name":"{}","price":1}}"#, "x".repeat(31));
@@ -205,9 +173,8 @@ async fn fruitshop_requests_through_the_proxy() -> Result<()> {
     ];
     for (case, method, path, content_type, body, status, location) in cases {
         let before = shop.seen().len();
-        let mut request = client
-            .request(reqwest::Method::from_bytes(method.as_bytes())?, format!("http://{}{path}", gateway.addr))
-            .body(body.to_owned());
+        let mut request =
+            client.request(reqwest::Method::from_bytes(method.as_bytes())?, gateway.url(path)).body(body.to_owned());
         if let Some(ct) = content_type {
             request = request.header("content-type", ct);
         }
@@ -238,19 +205,15 @@ async fn fruitshop_requests_through_the_proxy() -> Result<()> {
 #[tokio::test]
 async fn a_broken_spec_is_refused_and_the_old_table_keeps_serving() -> Result<()> {
     let shop = Shop::start().await?;
-    let tables = Arc::new(TableStore::new());
-    tables.apply(&snapshot(&shop, fruitshop_json()?))?;
+    let gateway = Gateway::start(&snapshot(&shop, fruitshop_json()?)).await?;
     let mut broken =
         snapshot(&shop, r##"{"openapi":"3.0.3","paths":{"/a":{"get":{"parameters":[{"$ref":"#/nowhere"}]}}}}"##.into());
     broken.version = 2;
-    sluice_proto::canonicalize(&mut broken);
-    broken.hash = sluice_proto::content_hash(&broken);
-    let error = tables.apply(&broken).err().context("a broken spec must not be applied")?;
-    assert!(error.to_string().contains("#/nowhere"), "{error}");
+    let error = gateway.refuse(&broken).await?;
+    assert!(error.contains("#/nowhere"), "{error}");
 
-    let gateway = Gateway::start(tables).await?;
     let response = reqwest::Client::new()
-        .post(format!("http://{}/shop/v2/products", gateway.addr))
+        .post(gateway.url("/shop/v2/products"))
         .header("content-type", "application/json")
         .body(r#"{"price":1}"#)
         .send()

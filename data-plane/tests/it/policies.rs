@@ -1,5 +1,5 @@
-//! The policy chain through a real proxy: `TableStore` + `proxy::serve` on
-//! 127.0.0.1:0 in front of an upstream that records every request it fully
+//! The policy chain through a real proxy: the in-process data plane of
+//! `gateway` in front of an upstream that records every request it fully
 //! received, so each test can check both what the client got and what (if
 //! anything) reached the upstream.
 
@@ -21,16 +21,14 @@ use hyper_util::rt::TokioIo;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::{Value, json};
 use sha2::Sha256;
-use sluice_data_plane::proxy::{self, ProxyOptions};
-use sluice_data_plane::routing::TableStore;
 use sluice_proto::v1;
 use sluice_proto::v1::policy::Kind;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::fake_cp::{FakeControlPlane, seal};
+use crate::gateway::Gateway;
 use crate::support::DataPlane;
 
 const HMAC_KEY: &[u8] = b"cluster-api-key-hmac-key";
@@ -120,38 +118,6 @@ async fn record(
     Ok(response.unwrap_or_default())
 }
 
-struct Gateway {
-    addr: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-}
-
-impl Gateway {
-    async fn start(snapshot: &v1::Snapshot) -> Result<Self> {
-        let tables = Arc::new(TableStore::new());
-        tables.apply(snapshot)?;
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let (stop, stopped) = oneshot::channel::<()>();
-        let options = ProxyOptions { access_log: false, ..ProxyOptions::default() };
-        tokio::spawn(proxy::serve(listener, tables, options, async move {
-            let _ = stopped.await;
-        }));
-        Ok(Gateway { addr, stop: Some(stop) })
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-    }
-}
-
 fn hmac_hex(key: &str) -> Result<String> {
     let mut mac = Hmac::<Sha256>::new_from_slice(HMAC_KEY)?;
     mac.update(key.as_bytes());
@@ -188,7 +154,7 @@ fn snapshot(upstream: &Recorder, apis: Vec<v1::Api>) -> Result<v1::Snapshot> {
             public_key_pem: String::new(),
         }],
     };
-    let mut s = v1::Snapshot {
+    Ok(v1::Snapshot {
         version: 1,
         apis,
         upstreams: vec![v1::Upstream {
@@ -199,10 +165,7 @@ fn snapshot(upstream: &Recorder, apis: Vec<v1::Api>) -> Result<v1::Snapshot> {
         consumers: vec![consumer],
         api_key_hmac_key: HMAC_KEY.to_vec(),
         ..Default::default()
-    };
-    sluice_proto::canonicalize(&mut s);
-    s.hash = sluice_proto::content_hash(&s);
-    Ok(s)
+    })
 }
 
 fn client() -> Result<reqwest::Client> {
@@ -487,12 +450,12 @@ async fn request_size_limit_by_content_length_and_while_streaming() -> Result<()
 
     // Chunked, no Content-Length: the limit trips while the body streams.
     let chunks: &[&[u8]] = &[b"0123456789", b"0123456789", b"0123456789"];
-    let (status, body) = post_chunked(gw.addr, "/small/a", chunks).await?;
+    let (status, body) = post_chunked(gw.http, "/small/a", chunks).await?;
     assert_eq!(status, 413, "{body}");
     assert!(body.contains("payload-too-large"), "{body}");
 
     // A chunked body within the limit goes through whole.
-    let (status, _) = post_chunked(gw.addr, "/small/a", &[b"01234", b"56789"]).await?;
+    let (status, _) = post_chunked(gw.http, "/small/a", &[b"01234", b"56789"]).await?;
     assert_eq!(status, 200);
     assert_eq!(upstream.last()?.body, "0123456789");
     assert_eq!(upstream.count(), 2, "no oversized body reached the upstream whole");

@@ -1,6 +1,6 @@
-//! The proxy path in-process, over real sockets: a `TableStore` fed with
-//! hand-built snapshots, `proxy::serve` on 127.0.0.1:0, and tiny echo
-//! upstreams that can be killed and restarted on the same port.
+//! The proxy path in-process, over real sockets: the data plane of
+//! `gateway` fed with hand-built snapshots, and tiny echo upstreams that can
+//! be killed and restarted on the same port.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -16,13 +16,14 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
-use sluice_data_plane::proxy::{self, ProxyOptions};
-use sluice_data_plane::routing::{ApplyOutcome, TableStore};
 use sluice_proto::v1;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
+use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
+
+use crate::gateway::Gateway;
+use crate::support::{client as ops_client, metric_sum};
 
 /// A relay for one connection to `target` that passes on the client's first
 /// `first` bytes alone, pauses, then relays the rest both ways.
@@ -44,10 +45,12 @@ async fn relay_splitting_after(target: SocketAddr, first: usize) -> Result<Socke
 }
 
 /// An echo server: answers every request with JSON naming itself and
-/// describing what it received. `/slow` waits, `/health` is a probe target,
+/// describing what it received. `/slow` waits (600 ms, or `?ms=`), `/health` is a probe target,
 /// and `Connection: upgrade` switches to a raw byte echo.
 struct Upstream {
     addr: SocketAddr,
+    /// How many `/slow` requests have arrived so far.
+    slow_requests: watch::Receiver<usize>,
     task: JoinHandle<()>,
 }
 
@@ -59,13 +62,21 @@ impl Upstream {
     async fn start_on(name: &'static str, addr: SocketAddr) -> Result<Self> {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
+        let (slow_arrived, slow_requests) = watch::channel(0);
+        let slow_arrived = Arc::new(slow_arrived);
         // Connections live in the JoinSet owned by the server task, so aborting
         // the task closes them too: a killed upstream really goes away.
         let task = tokio::spawn(async move {
             let mut connections = JoinSet::new();
             while let Ok((stream, _)) = listener.accept().await {
+                let slow_arrived = slow_arrived.clone();
                 connections.spawn(async move {
-                    let service = service_fn(move |req| echo(name, req));
+                    let service = service_fn(move |req| {
+                        if req.uri().path().ends_with("/slow") {
+                            slow_arrived.send_modify(|n| *n += 1);
+                        }
+                        echo(name, req)
+                    });
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service)
                         .with_upgrades()
@@ -73,7 +84,7 @@ impl Upstream {
                 });
             }
         });
-        Ok(Upstream { addr, task })
+        Ok(Upstream { addr, slow_requests, task })
     }
 
     fn url(&self) -> String {
@@ -83,6 +94,19 @@ impl Upstream {
     fn kill(&self) {
         self.task.abort();
     }
+}
+
+/// Waits until a `/slow` request has reached one of `upstreams`: from then on
+/// it is in flight on the gateway.
+async fn slow_request_arrived(upstreams: &[&Upstream]) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while upstreams.iter().all(|upstream| *upstream.slow_requests.borrow() == 0) {
+        if Instant::now() > deadline {
+            bail!("the slow request never reached the upstream");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(())
 }
 
 async fn echo(name: &'static str, mut req: http::Request<Incoming>) -> Result<http::Response<Full<Bytes>>, Infallible> {
@@ -102,7 +126,9 @@ async fn echo(name: &'static str, mut req: http::Request<Incoming>) -> Result<ht
         return Ok(response.unwrap_or_default());
     }
     if req.uri().path().ends_with("/slow") {
-        tokio::time::sleep(Duration::from_millis(600)).await;
+        // 600 ms, or as long as `?ms=` asks.
+        let ms = req.uri().query().and_then(|q| q.strip_prefix("ms=")).and_then(|ms| ms.parse().ok());
+        tokio::time::sleep(Duration::from_millis(ms.unwrap_or(600))).await;
     }
     let headers: HashMap<String, String> = req
         .headers()
@@ -118,43 +144,6 @@ async fn echo(name: &'static str, mut req: http::Request<Incoming>) -> Result<ht
     Ok(http::Response::new(Full::new(Bytes::from(body.to_string()))))
 }
 
-struct Proxy {
-    addr: SocketAddr,
-    tables: Arc<TableStore>,
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<std::io::Result<()>>,
-}
-
-impl Proxy {
-    async fn start(snapshot: &v1::Snapshot) -> Result<Self> {
-        Self::start_with(snapshot, ProxyOptions { access_log: false, ..ProxyOptions::default() }).await
-    }
-
-    async fn start_with(snapshot: &v1::Snapshot, options: ProxyOptions) -> Result<Self> {
-        let tables = Arc::new(TableStore::new());
-        tables.apply(snapshot)?;
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(proxy::serve(listener, tables.clone(), options, async move {
-            let _ = stopped.await;
-        }));
-        Ok(Proxy { addr, tables, stop: Some(stop), task })
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-
-    async fn shutdown(mut self) -> Result<()> {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        tokio::time::timeout(Duration::from_secs(5), self.task).await???;
-        Ok(())
-    }
-}
-
 fn upstream(name: &str, targets: &[&Upstream]) -> v1::Upstream {
     v1::Upstream {
         name: name.into(),
@@ -168,10 +157,7 @@ fn api(name: &str, prefix: &str, upstream: &str) -> v1::Api {
 }
 
 fn snapshot(version: u64, apis: Vec<v1::Api>, upstreams: Vec<v1::Upstream>) -> v1::Snapshot {
-    let mut s = v1::Snapshot { version, apis, upstreams, ..Default::default() };
-    sluice_proto::canonicalize(&mut s);
-    s.hash = sluice_proto::content_hash(&s);
-    s
+    v1::Snapshot { version, apis, upstreams, ..Default::default() }
 }
 
 fn client() -> Result<reqwest::Client> {
@@ -206,7 +192,7 @@ async fn routes_by_host_path_and_method_with_problem_details() -> Result<()> {
         ],
         vec![upstream("ua", &[&a]), upstream("ub", &[&b])],
     );
-    let proxy = Proxy::start(&s).await?;
+    let proxy = Gateway::start(&s).await?;
     let c = client()?;
 
     let (status, _, body) = send(c.get(proxy.url("/shop/products?q=1")).header("x-forwarded-for", "1.2.3.4")).await?;
@@ -215,7 +201,7 @@ async fn routes_by_host_path_and_method_with_problem_details() -> Result<()> {
     assert_eq!(body["path"], "/products?q=1", "strip_prefix keeps the query");
     assert_eq!(body["headers"]["x-forwarded-for"], "1.2.3.4, 127.0.0.1");
     assert_eq!(body["headers"]["x-forwarded-proto"], "http");
-    assert_eq!(body["headers"]["x-forwarded-host"], proxy.addr.to_string());
+    assert_eq!(body["headers"]["x-forwarded-host"], proxy.http.to_string());
     assert_eq!(body["headers"]["host"], a.addr.to_string(), "Host is the target's without preserve_host");
     assert!(body["headers"]["via"].as_str().unwrap_or("").contains("sluice"));
 
@@ -227,7 +213,7 @@ async fn routes_by_host_path_and_method_with_problem_details() -> Result<()> {
     assert_eq!((body["upstream"].as_str(), body["path"].as_str()), (Some("a"), Some("/h2")));
     assert_eq!(body["headers"]["via"], "2 sluice");
     // So does one whose first bytes arrive alone, too few to tell HTTP/2 from HTTP/1.1.
-    let relay = relay_splitting_after(proxy.addr, 5).await?;
+    let relay = relay_splitting_after(proxy.http, 5).await?;
     let response = h2.get(format!("http://{relay}/shop/h2-in-pieces")).send().await?;
     assert_eq!(response.version(), reqwest::Version::HTTP_2);
     let body: Value = response.json().await?;
@@ -278,7 +264,7 @@ async fn round_robin_spreads_and_health_checks_eject_and_readmit() -> Result<()>
         unhealthy_threshold: 2,
     });
     let s = snapshot(1, vec![api("all", "/", "u")], vec![pool]);
-    let proxy = Proxy::start(&s).await?;
+    let proxy = Gateway::start(&s).await?;
     let c = client()?;
 
     let mut counts: HashMap<String, usize> = HashMap::new();
@@ -340,7 +326,7 @@ async fn upstream_failures_map_to_502_503_504_quickly() -> Result<()> {
         vec![api("dead", "/dead", "dead"), v1::Api { request_timeout_ms: 200, ..api("slow", "/slow-api", "slow") }],
         vec![dead, upstream("slow", &[&slow])],
     );
-    let proxy = Proxy::start(&s).await?;
+    let proxy = Gateway::start(&s).await?;
     let c = client()?;
 
     let started = Instant::now();
@@ -370,12 +356,17 @@ async fn snapshot_swaps_under_load_drop_nothing_and_in_flight_finishes_on_old_ta
         }
         snapshot(version, apis, vec![upstream("u", &[&a, &b])])
     };
-    let proxy = Proxy::start(&build(1, true)).await?;
+    let proxy = Gateway::start(&build(1, true)).await?;
     let c = client()?;
+    let swaps = || async {
+        let metrics = ops_client().get(format!("http://{}/metrics", proxy.ops)).send().await?.text().await?;
+        Ok::<_, anyhow::Error>(metric_sum(&metrics, "sluice_snapshot_swaps_total").unwrap_or(0.0))
+    };
+    let swaps_before = swaps().await?;
 
     // A slow request starts on table 1; the API it uses is removed meanwhile.
     let slow = tokio::spawn(send(c.get(proxy.url("/old/slow"))));
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    slow_request_arrived(&[&a, &b]).await?;
 
     let mut load = JoinSet::new();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -394,10 +385,10 @@ async fn snapshot_swaps_under_load_drop_nothing_and_in_flight_finishes_on_old_ta
         });
     }
     for version in 2..=101 {
-        let outcome = proxy.tables.apply(&build(version, false))?;
-        assert!(matches!(outcome, ApplyOutcome::Swapped { .. }), "v{version}: {outcome:?}");
+        proxy.apply(&build(version, false)).await?;
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    assert_eq!(swaps().await? - swaps_before, 100.0, "every snapshot was swapped in");
     let _ = stop_tx.send(true);
     let mut total = 0;
     while let Some(result) = load.join_next().await {
@@ -415,9 +406,9 @@ async fn snapshot_swaps_under_load_drop_nothing_and_in_flight_finishes_on_old_ta
 #[tokio::test]
 async fn upgrade_is_tunnelled_and_shutdown_is_graceful() -> Result<()> {
     let a = Upstream::start("a").await?;
-    let proxy = Proxy::start(&snapshot(1, vec![api("ws", "/", "u")], vec![upstream("u", &[&a])])).await?;
+    let proxy = Gateway::start(&snapshot(1, vec![api("ws", "/", "u")], vec![upstream("u", &[&a])])).await?;
 
-    let mut stream = TcpStream::connect(proxy.addr).await?;
+    let mut stream = TcpStream::connect(proxy.http).await?;
     stream.write_all(b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n").await?;
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
@@ -438,8 +429,8 @@ async fn upgrade_is_tunnelled_and_shutdown_is_graceful() -> Result<()> {
     // A slow request in flight when shutdown starts still completes.
     let c = client()?;
     let slow = tokio::spawn(send(c.get(proxy.url("/slow"))));
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let addr = proxy.addr;
+    slow_request_arrived(&[&a]).await?;
+    let addr = proxy.http;
     proxy.shutdown().await?;
     let (status, _, _) = slow.await??;
     assert_eq!(status, 200);
@@ -452,6 +443,8 @@ async fn upgrade_is_tunnelled_and_shutdown_is_graceful() -> Result<()> {
 struct CountingUpstream {
     addr: SocketAddr,
     accepted: Arc<AtomicUsize>,
+    /// Connections accepted and not yet closed.
+    open: Arc<AtomicUsize>,
     close_all: tokio::sync::watch::Sender<u64>,
     task: JoinHandle<()>,
 }
@@ -461,12 +454,15 @@ impl CountingUpstream {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let accepted = Arc::new(AtomicUsize::new(0));
+        let open = Arc::new(AtomicUsize::new(0));
         let (close_all, closing) = tokio::sync::watch::channel(0u64);
-        let counter = accepted.clone();
+        let (counter, still_open) = (accepted.clone(), open.clone());
         let task = tokio::spawn(async move {
             let mut connections = JoinSet::new();
             while let Ok((stream, _)) = listener.accept().await {
                 counter.fetch_add(1, Ordering::SeqCst);
+                still_open.fetch_add(1, Ordering::SeqCst);
+                let still_open = still_open.clone();
                 let mut closing = closing.clone();
                 closing.mark_unchanged();
                 connections.spawn(async move {
@@ -477,14 +473,28 @@ impl CountingUpstream {
                         _ = connection => {}
                         _ = closing.changed() => {}
                     }
+                    still_open.fetch_sub(1, Ordering::SeqCst);
                 });
             }
         });
-        Ok(CountingUpstream { addr, accepted, close_all, task })
+        Ok(CountingUpstream { addr, accepted, open, close_all, task })
     }
 
     fn accepted(&self) -> usize {
         self.accepted.load(Ordering::SeqCst)
+    }
+
+    /// Closes every open connection and waits until they are all closed.
+    async fn close_all(&self) -> Result<()> {
+        self.close_all.send_modify(|generation| *generation += 1);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.open.load(Ordering::SeqCst) > 0 {
+            if Instant::now() > deadline {
+                bail!("the upstream's connections did not close");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(())
     }
 }
 
@@ -499,7 +509,7 @@ async fn upstream_connections_are_reused_and_ones_closed_by_the_upstream_replace
     let up = CountingUpstream::start().await?;
     let target = v1::Target { url: format!("http://{}", up.addr), weight: 1 };
     let u = v1::Upstream { name: "u".into(), targets: vec![target], ..Default::default() };
-    let proxy = Proxy::start(&snapshot(1, vec![api("a", "/", "u")], vec![u])).await?;
+    let proxy = Gateway::start(&snapshot(1, vec![api("a", "/", "u")], vec![u])).await?;
     let c = client()?;
 
     // One request after another: one upstream connection carries them all,
@@ -523,8 +533,7 @@ async fn upstream_connections_are_reused_and_ones_closed_by_the_upstream_replace
 
     // The upstream closes every idle connection: the next requests go out on
     // new connections instead of failing on the closed ones.
-    up.close_all.send_modify(|generation| *generation += 1);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    up.close_all().await?;
     for i in 0..5 {
         let (status, _, _) = send(c.get(proxy.url(&format!("/after-close/{i}")))).await?;
         assert_eq!(status, 200, "request {i} after the upstream closed its connections");
@@ -581,7 +590,7 @@ async fn a_request_without_a_response_is_retried_only_when_it_may_be_sent_again(
     let target = v1::Target { url: format!("http://{addr}"), weight: 1 };
     let u = v1::Upstream { name: "u".into(), targets: vec![target], ..Default::default() };
     let apis = vec![v1::Api { retries: 1, ..api("retry", "/retry", "u") }, api("once", "/once", "u")];
-    let proxy = Proxy::start(&snapshot(1, apis, vec![u])).await?;
+    let proxy = Gateway::start(&snapshot(1, apis, vec![u])).await?;
     let c = client()?;
 
     // The target closes the connection instead of answering: a GET with
@@ -612,7 +621,7 @@ async fn a_connection_is_not_reused_past_the_keep_alive_timeout_the_upstream_ann
     let (addr, accepted, upstream_task) = raw_upstream(Arc::new(AtomicUsize::new(0)), answer).await?;
     let target = v1::Target { url: format!("http://{addr}"), weight: 1 };
     let u = v1::Upstream { name: "u".into(), targets: vec![target], ..Default::default() };
-    let proxy = Proxy::start(&snapshot(1, vec![api("a", "/", "u")], vec![u])).await?;
+    let proxy = Gateway::start(&snapshot(1, vec![api("a", "/", "u")], vec![u])).await?;
     let c = client()?;
 
     for _ in 0..3 {
@@ -649,26 +658,26 @@ async fn read_until_closed(stream: &mut TcpStream, since: Instant) -> Result<(St
 async fn idle_client_connections_are_closed_but_slow_requests_are_not() -> Result<()> {
     let a = Upstream::start("a").await?;
     let snap = snapshot(1, vec![api("shop", "/shop", "backend")], vec![upstream("backend", &[&a])]);
-    let idle_timeout = Duration::from_millis(400);
-    let options = ProxyOptions { access_log: false, idle_timeout, ..ProxyOptions::default() };
-    let proxy = Proxy::start_with(&snap, options).await?;
+    let idle_timeout = Duration::from_secs(1);
+    let proxy =
+        Gateway::start_with(&snap, |settings| settings.client_idle_timeout_secs = idle_timeout.as_secs()).await?;
 
     // A request that takes longer than the idle timeout (the upstream waits
-    // 600 ms) is answered; the kept-alive connection closes once it has been
+    // 1.5 s) is answered; the kept-alive connection closes once it has been
     // idle for the timeout after that.
-    let mut stream = TcpStream::connect(proxy.addr).await?;
+    let mut stream = TcpStream::connect(proxy.http).await?;
     let started = Instant::now();
-    stream.write_all(b"GET /shop/slow HTTP/1.1\r\nhost: test\r\n\r\n").await?;
+    stream.write_all(b"GET /shop/slow?ms=1500 HTTP/1.1\r\nhost: test\r\n\r\n").await?;
     let (received, answered, closed) = read_until_closed(&mut stream, started).await?;
     assert!(received.starts_with("HTTP/1.1 200"), "the slow request is answered: {received}");
     let answered = answered.context("no response")?;
-    assert!(answered >= Duration::from_millis(600), "answered after the upstream's delay");
+    assert!(answered >= Duration::from_millis(1500), "answered after the upstream's delay");
     // Half the timeout as margin: the two sides' clocks start a little apart.
     let margin = idle_timeout / 2;
     assert!(closed >= answered + margin, "closed {closed:?}, answered {answered:?}: too early");
 
     // A client that never finishes its request head is cut off too, and nothing reaches the upstream.
-    let mut stream = TcpStream::connect(proxy.addr).await?;
+    let mut stream = TcpStream::connect(proxy.http).await?;
     let started = Instant::now();
     stream.write_all(b"GET /shop/never HTTP/1.1\r\nhost: te").await?;
     let (received, _, closed) = read_until_closed(&mut stream, started).await?;
@@ -676,7 +685,7 @@ async fn idle_client_connections_are_closed_but_slow_requests_are_not() -> Resul
     assert!(closed >= margin, "closed after {closed:?}, before the timeout");
 
     // So is one that never sends a byte.
-    let mut stream = TcpStream::connect(proxy.addr).await?;
+    let mut stream = TcpStream::connect(proxy.http).await?;
     let started = Instant::now();
     let (received, _, closed) = read_until_closed(&mut stream, started).await?;
     assert_eq!(received, "", "nothing was asked, nothing is answered");

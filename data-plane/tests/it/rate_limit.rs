@@ -10,28 +10,21 @@ use anyhow::{Result, bail};
 use http::HeaderMap;
 use http_body_util::BodyExt;
 use serde_json::Value;
-use sluice_data_plane::policy::PolicyContext;
 use sluice_data_plane::policy::rate_limit::{
     RATELIMIT_LIMIT, RATELIMIT_REMAINING, RateDecision, RateKeyInput, RateLimitContext, RateLimiter,
 };
-use sluice_data_plane::proxy::{self, ProxyOptions};
-use sluice_data_plane::routing::TableStore;
+use sluice_data_plane::settings::Settings;
 use sluice_proto::v1;
+use sluice_testkit::services::service_url;
 
+use crate::gateway::Gateway;
 use crate::support::unused_addr;
 
-/// The Redis to test against, or None (with a note) when none is configured.
-/// Under CI a missing or unreachable Redis fails the test instead: cluster-wide
-/// limits are a feature CI must cover.
+/// The Redis to test against, or None when none is configured (skipped; under
+/// CI a failure, by `sluice_testkit::services`). A configured Redis that does
+/// not answer fails the test: cluster-wide limits are a feature CI must cover.
 async fn test_redis() -> Result<Option<String>> {
-    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
-    let Some(url) = std::env::var("SLUICE_TEST_REDIS_URL").ok().filter(|u| !u.is_empty()) else {
-        if ci {
-            bail!("SLUICE_TEST_REDIS_URL is not set, but CI=true requires the Redis rate-limit tests to run");
-        }
-        eprintln!("skipping: set SLUICE_TEST_REDIS_URL (e.g. redis://127.0.0.1:6379) to run the Redis tests");
-        return Ok(None);
-    };
+    let Some(url) = service_url("SLUICE_TEST_REDIS_URL", "redis://127.0.0.1:6379")? else { return Ok(None) };
     let client = redis::Client::open(url.as_str())?;
     let reachable = tokio::time::timeout(Duration::from_secs(3), async {
         let mut connection = client.get_multiplexed_async_connection().await?;
@@ -40,15 +33,7 @@ async fn test_redis() -> Result<Option<String>> {
     .await;
     match reachable {
         Ok(Ok(_)) => Ok(Some(url)),
-        Ok(Err(e)) if !ci => {
-            eprintln!("skipping: Redis at SLUICE_TEST_REDIS_URL is unreachable: {e}");
-            Ok(None)
-        }
         Ok(Err(e)) => bail!("Redis at SLUICE_TEST_REDIS_URL is unreachable: {e}"),
-        Err(_) if !ci => {
-            eprintln!("skipping: Redis at SLUICE_TEST_REDIS_URL did not answer");
-            Ok(None)
-        }
         Err(_) => bail!("Redis at SLUICE_TEST_REDIS_URL did not answer"),
     }
 }
@@ -260,36 +245,6 @@ impl Drop for CountingUpstream {
     }
 }
 
-/// An in-process data plane: a table store with the given policy context and
-/// the proxy listener on an ephemeral port. Stops when dropped.
-struct Proxy {
-    addr: std::net::SocketAddr,
-    tables: Arc<TableStore>,
-    task: tokio::task::JoinHandle<std::io::Result<()>>,
-}
-
-impl Proxy {
-    async fn start(context: PolicyContext, snapshot: &v1::Snapshot) -> Result<Self> {
-        let tables = Arc::new(TableStore::with_context(context));
-        tables.apply(snapshot)?;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let options = ProxyOptions { access_log: false, ..ProxyOptions::default() };
-        let task = tokio::spawn(proxy::serve(listener, tables.clone(), options, std::future::pending()));
-        Ok(Proxy { addr, tables, task })
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
 fn limited_snapshot(version: u64, upstream: &CountingUpstream, limit: v1::RateLimit, extra_api: bool) -> v1::Snapshot {
     let api = |name: &str, prefix: &str, policies: Vec<v1::Policy>| v1::Api {
         name: name.into(),
@@ -307,10 +262,7 @@ fn limited_snapshot(version: u64, upstream: &CountingUpstream, limit: v1::RateLi
         targets: vec![v1::Target { url: format!("http://{}", upstream.addr), weight: 1 }],
         ..Default::default()
     }];
-    let mut snapshot = v1::Snapshot { version, apis, upstreams, ..Default::default() };
-    sluice_proto::canonicalize(&mut snapshot);
-    snapshot.hash = sluice_proto::content_hash(&snapshot);
-    snapshot
+    v1::Snapshot { version, apis, upstreams, ..Default::default() }
 }
 
 fn local_spec(requests: u64, key: v1::RateLimitKey, header: &str) -> v1::RateLimit {
@@ -329,7 +281,7 @@ fn header_number(headers: &reqwest::header::HeaderMap, name: &str) -> Option<u64
 async fn the_sixth_request_in_a_minute_is_429_and_never_reaches_the_upstream() -> Result<()> {
     let upstream = CountingUpstream::start().await?;
     let snapshot = limited_snapshot(1, &upstream, local_spec(5, v1::RateLimitKey::Ip, ""), false);
-    let proxy = Proxy::start(PolicyContext::local(), &snapshot).await?;
+    let proxy = Gateway::start(&snapshot).await?;
     let client = http_client()?;
 
     for expected in (0..5).rev() {
@@ -357,7 +309,7 @@ async fn the_sixth_request_in_a_minute_is_429_and_never_reaches_the_upstream() -
 async fn header_values_get_separate_buckets_through_the_proxy() -> Result<()> {
     let upstream = CountingUpstream::start().await?;
     let snapshot = limited_snapshot(1, &upstream, local_spec(1, v1::RateLimitKey::Header, "X-Tenant"), false);
-    let proxy = Proxy::start(PolicyContext::local(), &snapshot).await?;
+    let proxy = Gateway::start(&snapshot).await?;
     let client = http_client()?;
     let status = |tenant: &'static str| {
         let request = client.get(proxy.url("/shop/items")).header("x-tenant", tenant);
@@ -375,7 +327,7 @@ async fn header_values_get_separate_buckets_through_the_proxy() -> Result<()> {
 async fn a_swap_keeps_the_bucket_unless_the_limit_changes() -> Result<()> {
     let upstream = CountingUpstream::start().await?;
     let limit = local_spec(2, v1::RateLimitKey::Ip, "");
-    let proxy = Proxy::start(PolicyContext::local(), &limited_snapshot(1, &upstream, limit.clone(), false)).await?;
+    let proxy = Gateway::start(&limited_snapshot(1, &upstream, limit.clone(), false)).await?;
     let client = http_client()?;
     let get = || async { Ok::<_, anyhow::Error>(client.get(proxy.url("/shop/items")).send().await?) };
     assert_eq!(get().await?.status(), 200);
@@ -383,12 +335,12 @@ async fn a_swap_keeps_the_bucket_unless_the_limit_changes() -> Result<()> {
     assert_eq!(get().await?.status(), 429);
 
     // A new snapshot (another API added) that leaves this limit alone.
-    proxy.tables.apply(&limited_snapshot(2, &upstream, limit, true))?;
+    proxy.apply(&limited_snapshot(2, &upstream, limit, true)).await?;
     assert_eq!(client.get(proxy.url("/other/x")).send().await?.status(), 200, "the new snapshot is live");
     assert_eq!(get().await?.status(), 429, "an unchanged limit kept its bucket across the swap");
 
     // Changing the limit starts fresh buckets.
-    proxy.tables.apply(&limited_snapshot(3, &upstream, local_spec(3, v1::RateLimitKey::Ip, ""), true))?;
+    proxy.apply(&limited_snapshot(3, &upstream, local_spec(3, v1::RateLimitKey::Ip, ""), true)).await?;
     let response = get().await?;
     assert_eq!(response.status(), 200);
     assert_eq!(header_number(response.headers(), "ratelimit-remaining"), Some(2));
@@ -398,18 +350,15 @@ async fn a_swap_keeps_the_bucket_unless_the_limit_changes() -> Result<()> {
 #[tokio::test]
 async fn two_proxies_sharing_redis_enforce_one_limit() -> Result<()> {
     let Some(url) = test_redis().await? else { return Ok(()) };
-    let prefix = random_prefix();
     let upstream = CountingUpstream::start().await?;
     let mut limit = local_spec(10, v1::RateLimitKey::Api, "");
     limit.cluster_wide = true;
-    let snapshot = limited_snapshot(1, &upstream, limit, false);
-    let context = |node: RateLimitContext| {
-        let mut context = PolicyContext::local();
-        context.rate_limits = node;
-        context
-    };
-    let first = Proxy::start(context(node(&url, &prefix)?), &snapshot).await?;
-    let second = Proxy::start(context(node(&url, &prefix)?), &snapshot).await?;
+    let mut snapshot = limited_snapshot(1, &upstream, limit, false);
+    // The bucket's Redis key starts with the API's name: one of its own per run.
+    snapshot.apis[0].name = random_prefix().replace(':', "-");
+    let with_redis = |settings: &mut Settings| settings.redis_url = Some(url.clone());
+    let first = Gateway::start_with(&snapshot, with_redis).await?;
+    let second = Gateway::start_with(&snapshot, with_redis).await?;
     let client = http_client()?;
     let mut passed = 0;
     for n in 0..16 {

@@ -24,15 +24,14 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, ProtocolVersion, RootCertStore, ServerConfig, SupportedProtocolVersion};
 use serde_json::{Value, json};
-use sluice_data_plane::proxy::{self, ProxyOptions};
-use sluice_data_plane::routing::TableStore;
 use sluice_proto::v1;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 use crate::fake_cp::{FakeControlPlane, seal};
+use crate::gateway::Gateway;
 use crate::support::{DataPlane, client};
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
@@ -184,48 +183,12 @@ impl TestUpstream {
     }
 }
 
-/// The data plane's proxy in-process: both listeners on one `TableStore`.
-struct Gateway {
-    tables: Arc<TableStore>,
-    http: SocketAddr,
-    https: SocketAddr,
-    stop: watch::Sender<bool>,
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.stop.send(true);
-    }
-}
-
-impl Gateway {
-    async fn start() -> Result<Self> {
-        let tables = Arc::new(TableStore::new());
-        let http_listener = TcpListener::bind("127.0.0.1:0").await?;
-        let https_listener = TcpListener::bind("127.0.0.1:0").await?;
-        let (http, https) = (http_listener.local_addr()?, https_listener.local_addr()?);
-        let (stop, stopped) = watch::channel(false);
-        let wait = |mut rx: watch::Receiver<bool>| async move {
-            let _ = rx.wait_for(|stop| *stop).await;
-        };
-        let options = ProxyOptions { access_log: false, ..ProxyOptions::default() };
-        tokio::spawn(proxy::serve(http_listener, tables.clone(), options, wait(stopped.clone())));
-        let config = proxy::tls_server_config(tables.clone())?;
-        tokio::spawn(proxy::serve_tls(https_listener, tables.clone(), options, config, wait(stopped)));
-        Ok(Gateway { tables, http, https, stop })
-    }
-
-    fn apply(&self, snapshot: &v1::Snapshot) -> Result<()> {
-        self.tables.apply(snapshot).map(|_| ()).map_err(|e| anyhow::anyhow!("{e}"))
-    }
-
-    /// GET through the plain listener: (status, body as JSON or string).
-    async fn get(&self, path: &str) -> Result<(u16, Value)> {
-        let response = client().get(format!("http://{}{path}", self.http)).send().await?;
-        let status = response.status().as_u16();
-        let body = response.text().await?;
-        Ok((status, serde_json::from_str(&body).unwrap_or(Value::String(body))))
-    }
+/// GET through the gateway's plain listener: (status, body as JSON or string).
+async fn get(gateway: &Gateway, path: &str) -> Result<(u16, Value)> {
+    let response = client().get(gateway.url(path)).send().await?;
+    let status = response.status().as_u16();
+    let body = response.text().await?;
+    Ok((status, serde_json::from_str(&body).unwrap_or(Value::String(body))))
 }
 
 fn snapshot(version: u64, upstream: v1::Upstream, certificates: Vec<v1::Certificate>) -> v1::Snapshot {
@@ -347,8 +310,8 @@ async fn sni_selection_versions_and_alpn() -> Result<()> {
     let site = Site::new()?;
     let roots = site.ca.roots()?;
     let backend = TestUpstream::plain().await?;
-    let gw = Gateway::start().await?;
-    gw.apply(&snapshot(1, upstream(backend.url("http"), None, false), site.certificates(true)))?;
+    let gw = Gateway::start_empty(|_| {}).await?;
+    gw.apply(&snapshot(1, upstream(backend.url("http"), None, false), site.certificates(true))).await?;
 
     let tls13 = &rustls::version::TLS13;
     let tls12 = &rustls::version::TLS12;
@@ -384,7 +347,7 @@ async fn sni_selection_versions_and_alpn() -> Result<()> {
     }
 
     // Without a default, a name nothing serves is refused at the handshake.
-    gw.apply(&snapshot(2, upstream(backend.url("http"), None, false), site.certificates(false)))?;
+    gw.apply(&snapshot(2, upstream(backend.url("http"), None, false), site.certificates(false))).await?;
     let refused = connect(gw.https, "unknown.example.test", &roots, tls13, &[]).await;
     assert!(refused.is_err(), "handshake for an unknown name without a default must fail");
     let mut conn = connect(gw.https, "api.example.test", &roots, tls12, &[]).await?;
@@ -396,8 +359,8 @@ async fn sni_selection_versions_and_alpn() -> Result<()> {
 async fn reqwest_client_gets_h2_and_http1_over_tls() -> Result<()> {
     let site = Site::new()?;
     let backend = TestUpstream::plain().await?;
-    let gw = Gateway::start().await?;
-    gw.apply(&snapshot(1, upstream(backend.url("http"), None, false), site.certificates(true)))?;
+    let gw = Gateway::start_empty(|_| {}).await?;
+    gw.apply(&snapshot(1, upstream(backend.url("http"), None, false), site.certificates(true))).await?;
     let port = gw.https.port();
     let ca = reqwest::Certificate::from_pem(site.ca.pem().as_bytes())?;
     let builder = || {
@@ -436,9 +399,9 @@ async fn replaced_certificate_serves_next_handshake_and_open_connections_continu
     let roots = ca.roots()?;
     let (old, new) = (ca.server_leaf(&["api.example.test"])?, ca.server_leaf(&["api.example.test"])?);
     let backend = TestUpstream::plain().await?;
-    let gw = Gateway::start().await?;
+    let gw = Gateway::start_empty(|_| {}).await?;
     let site = |leaf: &Leaf| vec![leaf.certificate("site", &["api.example.test"], false)];
-    gw.apply(&snapshot(1, upstream(backend.url("http"), None, false), site(&old)))?;
+    gw.apply(&snapshot(1, upstream(backend.url("http"), None, false), site(&old))).await?;
 
     let tls13 = &rustls::version::TLS13;
     let mut h1 = connect(gw.https, "api.example.test", &roots, tls13, &["http/1.1"]).await?;
@@ -446,7 +409,7 @@ async fn replaced_certificate_serves_next_handshake_and_open_connections_continu
     assert_eq!((h1.peer.as_ref(), h2.peer.as_ref()), (old.der.as_ref(), old.der.as_ref()));
     assert_eq!(h1.get("/before").await?.0, 200);
 
-    gw.apply(&snapshot(2, upstream(backend.url("http"), None, false), site(&new)))?;
+    gw.apply(&snapshot(2, upstream(backend.url("http"), None, false), site(&new))).await?;
     let mut fresh = connect(gw.https, "api.example.test", &roots, tls13, &["http/1.1"]).await?;
     assert_eq!(fresh.peer, new.der, "the next handshake gets the new certificate");
     assert_eq!(fresh.get("/new").await?.0, 200);
@@ -464,7 +427,7 @@ async fn upstream_tls_verification_sni_insecure_and_http2() -> Result<()> {
     let ca = Ca::new("Upstream CA")?;
     let server = ca.server_leaf(&["upstream.internal", "127.0.0.1"])?;
     let backend = TestUpstream::tls(&server, None).await?;
-    let gw = Gateway::start().await?;
+    let gw = Gateway::start_empty(|_| {}).await?;
     let bundle = |sni: &str| v1::UpstreamTls { ca_bundle_pem: ca.pem(), sni: sni.into(), ..Default::default() };
     let insecure = v1::UpstreamTls { insecure_skip_verify: true, ..Default::default() };
     let cases = [
@@ -476,8 +439,8 @@ async fn upstream_tls_verification_sni_insecure_and_http2() -> Result<()> {
         ("insecure_skip_verify", Some(insecure.clone()), false, 200, "HTTP/1.1"),
     ];
     for (version, (case, tls, http2, want, upstream_version)) in (1..).zip(cases) {
-        gw.apply(&snapshot(version, upstream(backend.url("https"), tls, http2), vec![]))?;
-        let (status, echo) = gw.get("/through").await?;
+        gw.apply(&snapshot(version, upstream(backend.url("https"), tls, http2), vec![])).await?;
+        let (status, echo) = get(&gw, "/through").await?;
         assert_eq!(status, want, "{case}: {echo}");
         if want == 200 {
             assert_eq!(
@@ -499,7 +462,7 @@ async fn upstream_mtls_presents_the_named_certificate() -> Result<()> {
     let server = server_ca.server_leaf(&["upstream.internal"])?;
     let identity = client_ca.leaf(&["sluice-gateway"], ExtendedKeyUsagePurpose::ClientAuth)?;
     let backend = TestUpstream::tls(&server, Some(&client_ca)).await?;
-    let gw = Gateway::start().await?;
+    let gw = Gateway::start_empty(|_| {}).await?;
     let tls = |client_certificate: &str| v1::UpstreamTls {
         ca_bundle_pem: server_ca.pem(),
         sni: "upstream.internal".into(),
@@ -508,13 +471,14 @@ async fn upstream_mtls_presents_the_named_certificate() -> Result<()> {
     };
     let certificates = vec![identity.certificate("gateway-client", &[], false)];
 
-    gw.apply(&snapshot(1, upstream(backend.url("https"), Some(tls("gateway-client")), false), certificates.clone()))?;
-    let (status, echo) = gw.get("/mtls").await?;
+    gw.apply(&snapshot(1, upstream(backend.url("https"), Some(tls("gateway-client")), false), certificates.clone()))
+        .await?;
+    let (status, echo) = get(&gw, "/mtls").await?;
     assert_eq!(status, 200, "{echo}");
     assert_eq!(echo["client_cert"], "1 presented");
 
-    gw.apply(&snapshot(2, upstream(backend.url("https"), Some(tls("")), false), certificates))?;
-    let (status, echo) = gw.get("/mtls").await?;
+    gw.apply(&snapshot(2, upstream(backend.url("https"), Some(tls("")), false), certificates)).await?;
+    let (status, echo) = get(&gw, "/mtls").await?;
     assert_eq!(status, 502, "without a client certificate the upstream refuses: {echo}");
     Ok(())
 }
