@@ -225,7 +225,7 @@ def section_push(s: dict) -> list[str]:
     lines += ["", f"* Target p99 ≤ 50 ms: {verdict(v['p99_ms'], 50, False, 'ms')}", "",
               "**Compile + swap and snapshot size.** The whole configuration replaced with N APIs (`PUT "
               "/v1/config`), then single-API writes on top; compile time from the data plane's "
-              "`sluice_snapshot_compile_seconds` (sum/count deltas per swap); size is the protobuf snapshot as "
+              "`sluice_snapshot_compile_seconds` (sum/count deltas per swap); size is the protobuf snapshot, sealed (32 bytes more), as "
               "the data plane caches it (`--snapshot-cache`).", "",
               "CPU per single-API write is the processes' user+system time over those writes, divided by "
               "their number.", "",

@@ -34,6 +34,9 @@ pub struct StandaloneArgs {
     secret_key: Option<String>,
     #[arg(long, env = "SLUICE_SECRET_KEY_FILE", default_value = "sluice-secret.key")]
     secret_key_file: PathBuf,
+    /// Versions kept in the snapshot history.
+    #[arg(long, env = "SLUICE_KEEP_SNAPSHOTS", default_value_t = sluice_control_plane::store::DEFAULT_KEEP_SNAPSHOTS, value_parser = clap::value_parser!(u64).range(1..))]
+    keep_snapshots: u64,
     /// PEM certificate chain the admin API presents (HTTPS).
     #[arg(long, env = "SLUICE_ADMIN_TLS_CERT", requires = "admin_tls_key")]
     admin_tls_cert: Option<PathBuf>,
@@ -61,6 +64,7 @@ pub async fn run(args: StandaloneArgs) -> anyhow::Result<()> {
         stale_after: Duration::from_secs(30),
         purge_after: Duration::from_secs(3600),
         ack_timeout: Duration::from_secs(30),
+        keep_snapshots: args.keep_snapshots,
         // Loopback inside one process: nothing crosses a network.
         grpc_tls_cert: None,
         grpc_tls_key: None,

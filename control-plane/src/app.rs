@@ -13,7 +13,7 @@ use tokio::net::TcpListener;
 use crate::admin::{self, AdminState};
 use crate::secrets::SecretBox;
 use crate::settings::Settings;
-use crate::store::Store;
+use crate::store::{Store, StoreOptions};
 use crate::sync::{SyncOptions, SyncService};
 use crate::tls::{ClientAddr, Incoming, ReloadingConfig};
 use crate::tokens::{TokenDigest, resolve_token};
@@ -36,12 +36,7 @@ pub struct App {
 
 impl App {
     pub async fn build(settings: Settings) -> anyhow::Result<App> {
-        let secrets = match settings.secret_key.as_deref() {
-            Some(key) => SecretBox::from_key_material(key).context("SLUICE_SECRET_KEY")?,
-            None => SecretBox::load_or_create(&settings.secret_key_file)
-                .with_context(|| format!("secret key file {}", settings.secret_key_file.display()))?,
-        };
-        let store = Store::open(&settings.database_url, secrets).await.context("opening the configuration store")?;
+        let store = open_store(&settings).await?;
         let admin = resolve_token(&store, "admin_token_sha256", settings.admin_token.as_deref()).await?;
         let cluster = resolve_token(&store, "cluster_token_sha256", settings.cluster_token.as_deref()).await?;
         let admin_listener = TcpListener::bind(settings.admin_addr)
@@ -167,6 +162,23 @@ impl App {
         self.store.close().await;
         Ok(())
     }
+}
+
+/// The secret key of `--secret-key`, else of the key file (created at first start).
+pub fn load_secrets(settings: &Settings) -> anyhow::Result<SecretBox> {
+    match settings.secret_key.as_deref() {
+        Some(key) => SecretBox::from_key_material(key).context("SLUICE_SECRET_KEY"),
+        None => SecretBox::load_or_create(&settings.secret_key_file)
+            .with_context(|| format!("secret key file {}", settings.secret_key_file.display())),
+    }
+}
+
+/// The configuration store of `settings`, opened with its secret key.
+pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
+    let options = StoreOptions { keep_snapshots: settings.keep_snapshots };
+    Store::open_with(&settings.database_url, load_secrets(settings)?, options)
+        .await
+        .context("opening the configuration store")
 }
 
 /// Resolves on SIGINT or SIGTERM.

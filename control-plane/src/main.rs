@@ -1,9 +1,11 @@
 //! `sluice-cp`: parses settings, builds the control plane, runs it until
 //! SIGINT/SIGTERM; or runs one of the maintenance subcommands.
 
+use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use sluice_control_plane::app::App;
+use sluice_control_plane::app::{self, App};
 use sluice_control_plane::pki::{self, CertsCommand};
+use sluice_control_plane::secrets::SecretBox;
 use sluice_control_plane::settings::Settings;
 
 #[derive(Parser)]
@@ -21,6 +23,16 @@ enum Command {
     /// Certificates for TLS between the control plane and the data planes.
     #[command(subcommand)]
     Certs(CertsCommand),
+    /// Re-seal every secret in the database (certificate keys, JWT secrets,
+    /// the API-key HMAC key, every stored snapshot) with a new secret key, in
+    /// one transaction. The current key (`--secret-key` or the key file)
+    /// opens them until it commits; then restart every control plane with
+    /// the new key.
+    RotateSecretKey {
+        /// The new 32-byte key, hex or base64 (`openssl rand -hex 32`).
+        #[arg(long, env = "SLUICE_NEW_SECRET_KEY", hide_env_values = true)]
+        new_key: String,
+    },
 }
 
 #[tokio::main]
@@ -39,5 +51,42 @@ async fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Some(Command::RotateSecretKey { new_key }) => rotate_secret_key(&cli.settings, &new_key).await,
     }
+}
+
+async fn rotate_secret_key(settings: &Settings, new_key: &str) -> anyhow::Result<()> {
+    let new = SecretBox::from_key_material(new_key).context("--new-key")?;
+    if settings.secret_key.is_none() && !settings.secret_key_file.exists() {
+        anyhow::bail!(
+            "no current secret key: give it with --secret-key, or point --secret-key-file at the key file ({} does not exist)",
+            settings.secret_key_file.display()
+        );
+    }
+    let store = app::open_store(settings).await?;
+    anyhow::ensure!(store.secrets().key_id() != new.key_id(), "the new key is the current key");
+    let rotated = store.rotate_secret_key(&new).await.context("re-sealing with the new key")?;
+    store.close().await;
+    println!(
+        "re-sealed {} resources and {} snapshots with the new key (key id {})",
+        rotated.resources,
+        rotated.snapshots,
+        new.key_id()
+    );
+    if settings.secret_key.is_none() {
+        SecretBox::replace_key_file(&settings.secret_key_file, new_key).with_context(|| {
+            format!(
+                "the database uses the new key now, but writing it to {} failed: keep the new key",
+                settings.secret_key_file.display()
+            )
+        })?;
+        println!("wrote the new key to {}", settings.secret_key_file.display());
+    } else {
+        println!("set SLUICE_SECRET_KEY (or --secret-key) to the new key wherever the old one was used");
+    }
+    println!(
+        "restart every control plane with the new key: until then they keep serving, but refuse writes. \
+         Keep the old key with the database backups made before now: they need it."
+    );
+    Ok(())
 }

@@ -1,5 +1,6 @@
-//! Encryption at rest: the store seals certificate private keys and JWT secrets with this box before writing them,
-//! and opens them only to build a snapshot, so a copy of the database alone does not give the secrets away.
+//! Encryption at rest: the store seals certificate private keys, JWT secrets, the API-key HMAC key and every stored
+//! snapshot with this box before writing them, and opens them only in memory (to build a snapshot, or to send one
+//! to a data plane), so a copy of the database alone does not give the secrets away.
 
 use std::fs::{self, OpenOptions};
 use std::io::{ErrorKind, Write as _};
@@ -17,6 +18,11 @@ const KEY_LEN: usize = 32;
 const PREFIX: &str = "v1:";
 /// Binds every ciphertext to this scheme so a value sealed by some other use of the same key cannot be opened here.
 const AAD: &[u8] = b"sluice-secret-v1";
+/// Leads every sealed blob; a prost-encoded snapshot cannot start with it (its first byte is a field tag).
+const BLOB_MAGIC: &[u8; 4] = b"SLB1";
+const BLOB_HEADER: usize = BLOB_MAGIC.len() + NONCE_LEN;
+/// Blobs (whole snapshots) get their own associated data, so a blob can never be opened as a field value or back.
+const BLOB_AAD: &[u8] = b"sluice-blob-v1";
 
 #[derive(Debug, Error)]
 pub enum SecretError {
@@ -37,6 +43,8 @@ pub enum SecretError {
 /// a gateway will ever seal with one key (the bound is around 2^32 seals).
 pub struct SecretBox {
     key: LessSafeKey,
+    /// Names the key without revealing it (see [`SecretBox::key_id`]).
+    key_id: String,
 }
 
 impl std::fmt::Debug for SecretBox {
@@ -87,6 +95,20 @@ impl SecretBox {
         Self::from_bytes(&key)
     }
 
+    /// Writes `key` (already checked by [`SecretBox::from_key_material`]) as the key file, replacing the old one
+    /// atomically: written beside it (0600), then renamed over it.
+    pub fn replace_key_file(path: &Path, key: &str) -> Result<(), SecretError> {
+        let io_err = |source| SecretError::KeyFile { path: path.to_owned(), source };
+        let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+        name.push(".new");
+        let fresh = path.with_file_name(name);
+        let _ = fs::remove_file(&fresh);
+        let mut file = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&fresh).map_err(io_err)?;
+        file.write_all(format!("{}\n", key.trim()).as_bytes()).map_err(io_err)?;
+        file.sync_all().map_err(io_err)?;
+        fs::rename(&fresh, path).map_err(io_err)
+    }
+
     fn from_file_text(path: &Path, text: &str) -> Result<Self, SecretError> {
         if let Ok(meta) = fs::metadata(path)
             && meta.permissions().mode() & 0o077 != 0
@@ -100,7 +122,60 @@ impl SecretBox {
     fn from_bytes(bytes: &[u8]) -> Result<Self, SecretError> {
         let unbound = UnboundKey::new(&AES_256_GCM, bytes)
             .map_err(|_| SecretError::BadKeyMaterial(format!("{} bytes", bytes.len())))?;
-        Ok(Self { key: LessSafeKey::new(unbound) })
+        let id =
+            aws_lc_rs::hmac::sign(&aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, bytes), b"sluice key id");
+        Ok(Self { key: LessSafeKey::new(unbound), key_id: hex::encode(&id.as_ref()[..8]) })
+    }
+
+    /// A short name of the key: an HMAC of a fixed text under it. The store records the id of the key its secrets
+    /// are sealed with, so a control plane started with another key (or left running after a rotation) is told
+    /// so instead of failing later on a value it cannot open.
+    pub fn key_id(&self) -> &str {
+        &self.key_id
+    }
+
+    /// Seals what `write` appends to a buffer, in place: `"SLB1" || nonce || ciphertext || tag`. For large values
+    /// (encoded snapshots), which are neither copied nor base64-encoded. `size_hint` is the expected plaintext length.
+    ///
+    /// # Panics
+    /// Only if the plaintext is larger than AES-GCM's limit of about 64 GiB.
+    pub fn seal_blob(&self, size_hint: usize, write: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+        let nonce = random_bytes::<NONCE_LEN>();
+        let mut blob = Vec::with_capacity(BLOB_HEADER + size_hint + AES_256_GCM.tag_len());
+        blob.extend_from_slice(BLOB_MAGIC);
+        blob.extend_from_slice(&nonce);
+        write(&mut blob);
+        #[allow(clippy::expect_used)]
+        let tag = self
+            .key
+            .seal_in_place_separate_tag(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::from(BLOB_AAD),
+                &mut blob[BLOB_HEADER..],
+            )
+            .expect("AES-GCM seal fails only for inputs over 64 GiB");
+        blob.extend_from_slice(tag.as_ref());
+        blob
+    }
+
+    /// Opens a [`seal_blob`](Self::seal_blob) value in place.
+    pub fn open_blob(&self, mut blob: Vec<u8>) -> Result<Vec<u8>, SecretError> {
+        if !is_sealed_blob(&blob) {
+            return Err(SecretError::Malformed("not a sealed blob"));
+        }
+        if blob.len() < BLOB_HEADER + AES_256_GCM.tag_len() {
+            return Err(SecretError::Malformed("too short"));
+        }
+        let nonce = Nonce::try_assume_unique_for_key(&blob[BLOB_MAGIC.len()..BLOB_HEADER])
+            .map_err(|_| SecretError::OpenFailed)?;
+        let len = self
+            .key
+            .open_in_place(nonce, Aad::from(BLOB_AAD), &mut blob[BLOB_HEADER..])
+            .map_err(|_| SecretError::OpenFailed)?
+            .len();
+        blob.truncate(BLOB_HEADER + len);
+        blob.drain(..BLOB_HEADER);
+        Ok(blob)
     }
 
     /// Returns `"v1:" + base64(nonce || ciphertext || tag)`.
@@ -133,6 +208,11 @@ impl SecretBox {
             .map_err(|_| SecretError::OpenFailed)?;
         Ok(plaintext.to_vec())
     }
+}
+
+/// Whether `bytes` is a sealed blob (as opposed to plaintext written before blobs were sealed).
+pub fn is_sealed_blob(bytes: &[u8]) -> bool {
+    bytes.starts_with(BLOB_MAGIC)
 }
 
 fn decode_key(key: &str) -> Option<Vec<u8>> {
@@ -203,6 +283,34 @@ mod tests {
         for malformed in ["", "v2:AAAA", "v1:!!!", "v1:AAAA", &sealed[..sealed.len() - 8]] {
             assert!(secret_box.open(malformed).is_err(), "{malformed:?}");
         }
+    }
+
+    #[test]
+    fn blobs_round_trip_and_refuse_tampering_and_other_keys() {
+        let secret_box = test_box(3);
+        let plaintext = b"\x08\x07 a snapshot with -----BEGIN PRIVATE KEY----- inside".to_vec();
+        let blob = secret_box.seal_blob(plaintext.len(), |buf| buf.extend_from_slice(&plaintext));
+        assert!(is_sealed_blob(&blob) && !is_sealed_blob(&plaintext));
+        assert!(!blob.windows(11).any(|w| w == b"BEGIN PRIVA"), "no plaintext in the blob");
+        assert_eq!(secret_box.open_blob(blob.clone()).unwrap(), plaintext);
+        assert_ne!(secret_box.seal_blob(0, |buf| buf.extend_from_slice(&plaintext)), blob, "fresh nonce");
+        let mut tampered = blob.clone();
+        *tampered.last_mut().unwrap() ^= 1;
+        assert!(matches!(secret_box.open_blob(tampered), Err(SecretError::OpenFailed)));
+        assert!(matches!(test_box(4).open_blob(blob.clone()), Err(SecretError::OpenFailed)));
+        assert!(matches!(secret_box.open_blob(plaintext.clone()), Err(SecretError::Malformed(_))));
+        // A field value and a blob are not interchangeable.
+        let field = secret_box.seal(&plaintext);
+        assert!(secret_box.open_blob(field.into_bytes()).is_err());
+    }
+
+    #[test]
+    fn key_ids_name_keys_without_revealing_them() {
+        let (a, b) = (test_box(5), test_box(6));
+        assert_eq!(a.key_id(), test_box(5).key_id());
+        assert_ne!(a.key_id(), b.key_id());
+        assert_eq!(a.key_id().len(), 16);
+        assert!(!a.key_id().contains("0505"));
     }
 
     #[test]

@@ -55,6 +55,11 @@ pub struct Settings {
     #[arg(long, env = "SLUICE_PURGE_AFTER", default_value = "1h", value_parser = humantime::parse_duration)]
     pub purge_after: Duration,
 
+    /// Versions kept in the snapshot history; every write deletes older ones
+    /// (rollback reaches only the versions kept).
+    #[arg(long, env = "SLUICE_KEEP_SNAPSHOTS", default_value_t = crate::store::DEFAULT_KEEP_SNAPSHOTS, value_parser = clap::value_parser!(u64).range(1..))]
+    pub keep_snapshots: u64,
+
     /// PEM certificate chain the sync server presents: data planes then
     /// connect with `https://`. Reloaded when the file changes.
     #[arg(long, env = "SLUICE_GRPC_TLS_CERT", requires = "grpc_tls_key")]

@@ -9,6 +9,7 @@
 mod data_planes;
 mod history;
 mod resources;
+mod sealing;
 #[cfg(test)]
 mod tests;
 mod watcher;
@@ -23,7 +24,7 @@ use prost::Message;
 use sluice_proto::{Violation, v1};
 use sqlx::any::AnyPoolOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
-use sqlx::{AnyPool, ConnectOptions, Connection, Row};
+use sqlx::{Any, AnyConnection, AnyPool, ConnectOptions, Connection, Row, Transaction};
 use tokio::sync::watch;
 
 use crate::model::Config;
@@ -31,8 +32,9 @@ use crate::secrets::SecretBox;
 use crate::snapshot::build_snapshot;
 
 pub use data_planes::DataPlaneRecord;
-pub use history::SnapshotSummary;
 use history::latest_head;
+pub use history::{SnapshotLookup, SnapshotSummary};
+pub use sealing::Rotated;
 use watcher::spawn_version_watcher;
 
 static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
@@ -56,7 +58,41 @@ pub const NOTIFY_CHANNEL: &str = "sluice_snapshots";
 /// notifications lost while its LISTEN connection was down.
 const POLL_INTERVAL: Duration = Duration::from_secs(1);
 
-const HMAC_KEY_SETTING: &str = "api_key_hmac_key";
+/// How many versions `--keep-snapshots` keeps by default.
+pub const DEFAULT_KEEP_SNAPSHOTS: u64 = 100;
+
+/// How a store runs, beyond where its database is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// Versions kept in the history; each write deletes older ones in its own transaction.
+    pub keep_snapshots: u64,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self { keep_snapshots: DEFAULT_KEEP_SNAPSHOTS }
+    }
+}
+
+/// Who made a write and what it did, one line each, as the history shows them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Note<'a> {
+    /// The admin token's name (empty for writes the control plane makes itself).
+    pub author: &'a str,
+    pub summary: &'a str,
+}
+
+impl<'a> From<&'a str> for Note<'a> {
+    fn from(summary: &'a str) -> Self {
+        Note { author: "", summary }
+    }
+}
+
+impl<'a> From<&'a String> for Note<'a> {
+    fn from(summary: &'a String) -> Self {
+        Note { author: "", summary }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -64,6 +100,8 @@ pub enum StoreError {
     UnsupportedUrl { scheme: String },
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+    #[error("database file {}: {source}", .path.display())]
+    DatabaseFile { path: std::path::PathBuf, source: std::io::Error },
     #[error("database migration failed: {0}")]
     Migration(#[from] sqlx::migrate::MigrateError),
     #[error("stored {kind} `{name}` is unreadable: {reason}")]
@@ -84,6 +122,21 @@ pub enum StoreError {
     InvalidStoredConfig(Vec<Violation>),
     #[error("the store holds no snapshot")]
     NoSnapshot,
+    /// At open: the database's secrets are sealed with another key than this control plane's.
+    #[error(
+        "the database's secrets are sealed with another secret key (key id {stored}) than this control plane's; \
+         start it with the key the database was set up with, or the new one if the key was rotated \
+         (sluice-cp rotate-secret-key)"
+    )]
+    WrongSecretKey { stored: String },
+    /// At a write: the key was rotated under this running control plane.
+    #[error(
+        "the secret key was rotated (the database now records key id {stored}); restart this control plane with \
+         the new key before writing"
+    )]
+    SecretKeyRotated { stored: String },
+    #[error("stored snapshot {version} cannot be opened: {source}")]
+    Sealed { version: i64, source: crate::secrets::SecretError },
 }
 
 fn join_violations(violations: &[Violation]) -> String {
@@ -166,6 +219,7 @@ struct Inner {
     backend: Backend,
     secrets: SecretBox,
     api_key_hmac_key: Vec<u8>,
+    options: StoreOptions,
     versions: watch::Sender<u64>,
     /// The newest version this process has seen. Reading ten thousand rows
     /// and decoding their JSON costs far more than every other step of a
@@ -186,29 +240,35 @@ impl fmt::Debug for Store {
 }
 
 impl Store {
-    /// Connects (creating a missing SQLite file), migrates, creates the API-key
-    /// HMAC key on first open, and commits version 1 (the empty configuration)
-    /// when there is no snapshot yet.
+    /// [`Store::open_with`] the default options.
     pub async fn open(database_url: &str, secrets: SecretBox) -> Result<Store, StoreError> {
+        Self::open_with(database_url, secrets, StoreOptions::default()).await
+    }
+
+    /// Connects (creating a missing SQLite file, 0600), migrates, checks the
+    /// secret key against the database's and seals what an older release
+    /// stored in clear, creates the API-key HMAC key on first open, and
+    /// commits version 1 (the empty configuration) when there is no snapshot yet.
+    pub async fn open_with(database_url: &str, secrets: SecretBox, options: StoreOptions) -> Result<Store, StoreError> {
         sqlx::any::install_default_drivers();
         let backend = Backend::of_url(database_url)?;
         let in_memory = backend == Backend::Sqlite && is_sqlite_memory(database_url);
         if backend == Backend::Sqlite && !in_memory {
             prepare_sqlite_file(database_url).await?;
         }
-        let mut options = AnyPoolOptions::new();
-        options = match backend {
-            Backend::Postgres => options.max_connections(10),
+        let mut pool_options = AnyPoolOptions::new();
+        pool_options = match backend {
+            Backend::Postgres => pool_options.max_connections(10),
             // An in-memory database lives as long as its one connection.
-            Backend::Sqlite if in_memory => options.max_connections(1).idle_timeout(None).max_lifetime(None),
-            Backend::Sqlite => options.max_connections(4),
+            Backend::Sqlite if in_memory => pool_options.max_connections(1).idle_timeout(None).max_lifetime(None),
+            Backend::Sqlite => pool_options.max_connections(4),
         };
-        let pool = options.connect(database_url).await?;
+        let pool = pool_options.connect(database_url).await?;
         match backend {
             Backend::Postgres => POSTGRES_MIGRATIONS.run(&pool).await?,
             Backend::Sqlite => SQLITE_MIGRATIONS.run(&pool).await?,
         }
-        let api_key_hmac_key = ensure_hmac_key(&pool).await?;
+        let api_key_hmac_key = sealing::prepare(&pool, backend, &secrets).await?;
         let (versions, _) = watch::channel(0);
         let (shutdown, shutdown_rx) = watch::channel(());
         let store = Store {
@@ -217,6 +277,7 @@ impl Store {
                 backend,
                 secrets,
                 api_key_hmac_key,
+                options: StoreOptions { keep_snapshots: options.keep_snapshots.max(1) },
                 versions,
                 newest: std::sync::Mutex::default(),
                 _shutdown: shutdown,
@@ -248,6 +309,11 @@ impl Store {
         &self.inner.secrets
     }
 
+    /// How many versions the history keeps (`--keep-snapshots`).
+    pub fn keep_snapshots(&self) -> u64 {
+        self.inner.options.keep_snapshots
+    }
+
     /// `"postgres"` or `"sqlite"`.
     pub fn backend(&self) -> &'static str {
         match self.inner.backend {
@@ -259,9 +325,15 @@ impl Store {
     /// The latest committed version this store knows of (what `subscribe` holds).
     /// A stored setting (e.g. a token digest), if present.
     pub async fn setting(&self, key: &str) -> Result<Option<String>, StoreError> {
-        let row =
-            sqlx::query("SELECT value FROM settings WHERE key = $1").bind(key).fetch_optional(&self.inner.pool).await?;
-        Ok(row.map(|r| r.try_get("value")).transpose()?)
+        let mut conn = self.inner.pool.acquire().await?;
+        setting_in(&mut conn, key).await
+    }
+
+    /// Re-seals every secret of the database with `new`, in one transaction
+    /// (see `sealing::rotate`). This store keeps the old key: open another
+    /// with the new one to go on.
+    pub async fn rotate_secret_key(&self, new: &SecretBox) -> Result<Rotated, StoreError> {
+        sealing::rotate(&self.inner.pool, self.inner.backend, &self.inner.secrets, new).await
     }
 
     /// Stores `value` unless the key already has one; returns what is stored.
@@ -323,28 +395,22 @@ impl Store {
     /// Writers are serialized, so `change` always sees the latest committed
     /// configuration. Nothing is committed when `change` fails, when the result
     /// is invalid, or when it equals the current configuration.
-    pub async fn write<T, E>(
+    pub async fn write<'n, T, E>(
         &self,
-        note: &str,
+        note: impl Into<Note<'n>>,
         change: impl FnOnce(&mut Config) -> Result<T, E> + Send,
     ) -> Result<Committed<T>, WriteError<E>> {
-        let _writer = match self.inner.backend {
-            Backend::Sqlite => Some(SQLITE_WRITER.lock().await),
-            Backend::Postgres => None,
-        };
-        let mut tx = match self.inner.backend {
-            // IMMEDIATE takes the write lock up front; a deferred transaction that
-            // reads first could not upgrade after another connection wrote.
-            Backend::Sqlite => self.inner.pool.begin_with("BEGIN IMMEDIATE").await?,
-            Backend::Postgres => {
-                let mut tx = self.inner.pool.begin().await?;
-                sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(WRITE_LOCK_KEY).execute(&mut *tx).await?;
-                tx
-            }
-        };
+        let note = note.into();
+        let (_writer, mut tx) = begin_write(&self.inner.pool, self.inner.backend).await?;
 
         // Read only after the lock, so the previous writer's commit is visible.
         let latest = latest_head(&mut tx).await?;
+        // Sealing with a key the database no longer records would leave values nobody else can open.
+        if let Some(stored) = setting_in(&mut tx, sealing::KEY_ID_SETTING).await?
+            && stored != self.inner.secrets.key_id()
+        {
+            return Err(WriteError::Store(StoreError::SecretKeyRotated { stored }));
+        }
         let before = self.config_at(&mut tx, latest.as_ref().map(|(version, _)| *version)).await?;
         let mut config = Config::clone(&before);
         // An error drops `tx`, which rolls back.
@@ -389,25 +455,37 @@ impl Store {
 
         let version = latest.as_ref().map_or(1, |(version, _)| version + 1);
         snapshot.version = version;
-        let encoded = snapshot.encode_to_vec();
+        // Encoded straight into the sealed buffer and sealed in place: the
+        // snapshot is never stored, nor copied, in clear.
+        let size_bytes = snapshot.encoded_len();
+        let sealed = self.inner.secrets.seal_blob(size_bytes, |buf| snapshot.encode_raw(buf));
         let config_json = serde_json::to_string(&config).map_err(|e| StoreError::Encode {
             kind: "config".into(),
             name: format!("version {version}"),
             reason: e.to_string(),
         })?;
         sqlx::query(
-            "INSERT INTO snapshots (version, hash, created_at, config, snapshot, size_bytes, note) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            "INSERT INTO snapshots (version, hash, created_at, config, snapshot, size_bytes, note, author) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
         )
         .bind(to_db(version, "version")?)
         .bind(snapshot.hash.as_str())
         .bind(now)
         .bind(config_json)
-        .bind(encoded.as_slice())
-        .bind(to_db(encoded.len() as u64, "snapshot size")?)
-        .bind(note)
+        .bind(sealed)
+        .bind(to_db(size_bytes as u64, "snapshot size")?)
+        .bind(note.summary)
+        .bind(note.author)
         .execute(&mut *tx)
         .await?;
+        // Retention, in the same transaction: the history never holds more
+        // than `keep_snapshots` versions, whoever writes.
+        if let Some(oldest_kept) = version.checked_sub(self.inner.options.keep_snapshots - 1).filter(|v| *v > 1) {
+            sqlx::query("DELETE FROM snapshots WHERE version < $1")
+                .bind(to_db(oldest_kept, "version")?)
+                .execute(&mut *tx)
+                .await?;
+        }
         if self.inner.backend == Backend::Postgres {
             // Delivered only on commit, so listeners never see a rolled-back version.
             sqlx::query("SELECT pg_notify($1, $2)")
@@ -423,8 +501,9 @@ impl Store {
             hash = %snapshot.hash,
             upserted = diff.upserts.len(),
             deleted = diff.deletes.len(),
-            size_bytes = encoded.len(),
-            note,
+            size_bytes,
+            note = note.summary,
+            author = note.author,
             "configuration committed"
         );
         // Before publishing, so the sync server finds the snapshot in memory.
@@ -466,19 +545,31 @@ impl Store {
     }
 }
 
-/// Reads the API-key HMAC key, creating it first if this database has none.
-async fn ensure_hmac_key(pool: &AnyPool) -> Result<Vec<u8>, StoreError> {
-    let fresh = hex::encode(crate::credentials::random_bytes::<32>());
-    let value = insert_setting_if_absent(pool, HMAC_KEY_SETTING, &fresh).await?;
-    let key = hex::decode(value.trim())
-        .map_err(|e| StoreError::CorruptSetting { key: HMAC_KEY_SETTING.into(), reason: format!("not hex: {e}") })?;
-    if key.len() < 16 {
-        return Err(StoreError::CorruptSetting {
-            key: HMAC_KEY_SETTING.into(),
-            reason: "shorter than 16 bytes".into(),
-        });
+/// Takes the store's write lock and opens the transaction it guards: on
+/// PostgreSQL an advisory lock shared by every control plane on the database,
+/// on SQLite the process-wide writer queue and an IMMEDIATE transaction (which
+/// takes SQLite's write lock up front: a deferred one that reads first could
+/// not upgrade after another connection wrote).
+async fn begin_write(
+    pool: &AnyPool,
+    backend: Backend,
+) -> Result<(Option<tokio::sync::MutexGuard<'static, ()>>, Transaction<'static, Any>), StoreError> {
+    match backend {
+        Backend::Sqlite => {
+            let writer = SQLITE_WRITER.lock().await;
+            Ok((Some(writer), pool.begin_with("BEGIN IMMEDIATE").await?))
+        }
+        Backend::Postgres => {
+            let mut tx = pool.begin().await?;
+            sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(WRITE_LOCK_KEY).execute(&mut *tx).await?;
+            Ok((None, tx))
+        }
     }
-    Ok(key)
+}
+
+async fn setting_in(conn: &mut AnyConnection, key: &str) -> Result<Option<String>, StoreError> {
+    let row = sqlx::query("SELECT value FROM settings WHERE key = $1").bind(key).fetch_optional(&mut *conn).await?;
+    Ok(row.map(|r| r.try_get("value")).transpose()?)
 }
 
 /// Insert-if-absent then read, so concurrent first starts of several control
@@ -496,16 +587,43 @@ fn is_sqlite_memory(url: &str) -> bool {
     url.contains(":memory:") || url.contains("mode=memory")
 }
 
-/// Creates the file if missing and switches it to WAL (readers never block
-/// the writer). WAL is a property of the file, so one connection sets it for
-/// every later one, including the `Any` pool's which cannot set pragmas.
+/// Creates the file if missing, readable by its owner only, and switches it
+/// to WAL (readers never block the writer). WAL is a property of the file, so
+/// one connection sets it for every later one, including the `Any` pool's
+/// which cannot set pragmas. SQLite creates the `-wal` and `-shm` files with
+/// the database file's mode, so they are private too.
 async fn prepare_sqlite_file(url: &str) -> Result<(), StoreError> {
-    let options = SqliteConnectOptions::from_str(url)?
-        .create_if_missing(true)
-        .journal_mode(SqliteJournalMode::Wal)
-        .busy_timeout(Duration::from_secs(5));
+    let options = SqliteConnectOptions::from_str(url)?;
+    private_file(options.get_filename())?;
+    let options =
+        options.create_if_missing(true).journal_mode(SqliteJournalMode::Wal).busy_timeout(Duration::from_secs(5));
     let conn = options.connect().await?;
     conn.close().await?;
+    Ok(())
+}
+
+/// The database holds hashed and sealed secrets and the whole configuration:
+/// create it 0600, and take group and other access away from one an older
+/// release created (and from its `-wal` and `-shm`).
+fn private_file(path: &std::path::Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    let io = |source| StoreError::DatabaseFile { path: path.to_owned(), source };
+    match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path) {
+        Ok(_) => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(io(e)),
+    }
+    for suffix in ["", "-wal", "-shm"] {
+        let mut file = path.as_os_str().to_owned();
+        file.push(suffix);
+        let file = std::path::PathBuf::from(file);
+        let Ok(meta) = std::fs::metadata(&file) else { continue };
+        let mode = meta.permissions().mode();
+        if mode & 0o077 != 0 {
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode & 0o700)).map_err(io)?;
+            tracing::warn!(path = %file.display(), "the database file was readable by group or others; made it private (0600)");
+        }
+    }
     Ok(())
 }
 

@@ -27,7 +27,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::backoff::Backoff;
 use crate::routing::{ApplyOutcome, TableStore};
-use crate::snapshot_cache;
+use crate::snapshot_cache::{self, CacheKey};
 
 pub use transport::{SyncTls, TransportError};
 
@@ -57,6 +57,8 @@ pub enum SyncError {
     InvalidEndpoint { url: String, source: tonic::transport::Error },
     #[error("cluster token is not a valid header value")]
     InvalidToken,
+    #[error("--snapshot-cache needs --cluster-token: the cache is sealed with a key derived from it")]
+    CacheWithoutToken,
     #[error(transparent)]
     Transport(#[from] TransportError),
     #[error("cannot connect to control plane {url}: {reason}")]
@@ -96,6 +98,7 @@ impl SyncError {
         matches!(
             self,
             SyncError::InvalidToken
+                | SyncError::CacheWithoutToken
                 | SyncError::Transport(_)
                 | SyncError::Tls { .. }
                 | SyncError::Refused {
@@ -185,6 +188,8 @@ pub struct SyncClient {
     options: SyncOptions,
     endpoint: Endpoint,
     connector: transport::Connector,
+    /// `--snapshot-cache` and the key it is sealed with.
+    cache: Option<Arc<(PathBuf, CacheKey)>>,
     authorization: Option<MetadataValue<tonic::metadata::Ascii>>,
     tables: Arc<TableStore>,
     state: Arc<SyncState>,
@@ -202,13 +207,18 @@ impl SyncClient {
             .keep_alive_timeout(KEEPALIVE_TIMEOUT)
             .keep_alive_while_idle(true);
         let connector = transport::Connector::new(&options.control_plane, options.tls.clone())?;
+        let cache = match (&options.snapshot_cache, &options.cluster_token) {
+            (None, _) => None,
+            (Some(path), Some(token)) => Some(Arc::new((path.clone(), CacheKey::derive(token)))),
+            (Some(_), None) => return Err(SyncError::CacheWithoutToken),
+        };
         let authorization = match &options.cluster_token {
             Some(token) => {
                 Some(MetadataValue::try_from(format!("Bearer {token}")).map_err(|_| SyncError::InvalidToken)?)
             }
             None => None,
         };
-        Ok(Self { options, endpoint, connector, authorization, tables, state: Arc::default() })
+        Ok(Self { options, endpoint, connector, cache, authorization, tables, state: Arc::default() })
     }
 
     pub fn state(&self) -> Arc<SyncState> {
@@ -220,8 +230,8 @@ impl SyncClient {
     /// corrupt cache is logged and ignored: the control plane is the source of
     /// truth and will send a fresh snapshot.
     pub async fn load_cache(&self) -> bool {
-        let Some(path) = self.options.snapshot_cache.clone() else { return false };
-        let loaded = tokio::task::spawn_blocking(move || snapshot_cache::load(&path)).await;
+        let Some(cache) = self.cache.clone() else { return false };
+        let loaded = tokio::task::spawn_blocking(move || snapshot_cache::load(&cache.0, &cache.1)).await;
         match loaded {
             Ok(Ok(Some(snapshot))) => {
                 let version = snapshot.version;
@@ -430,9 +440,9 @@ impl SyncClient {
     /// Failing to write the cache does not undo the swap: the node serves the
     /// new table either way, it only loses the head start after a restart.
     async fn persist(&self, snapshot: Snapshot) {
-        let Some(path) = self.options.snapshot_cache.clone() else { return };
+        let Some(cache) = self.cache.clone() else { return };
         let version = snapshot.version;
-        match tokio::task::spawn_blocking(move || snapshot_cache::store(&path, &snapshot)).await {
+        match tokio::task::spawn_blocking(move || snapshot_cache::store(&cache.0, &snapshot, &cache.1)).await {
             Ok(Ok(())) => debug!(version, "snapshot cached"),
             Ok(Err(e)) => warn!(version, error = %e, "could not write snapshot cache"),
             Err(e) => warn!(version, error = %e, "snapshot cache writer failed"),

@@ -6,6 +6,7 @@ mod cluster;
 mod jwks;
 mod planes_tls;
 mod resilience;
+mod secrets_at_rest;
 mod standalone;
 mod streaming;
 mod support;

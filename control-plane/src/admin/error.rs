@@ -67,6 +67,9 @@ pub enum AdminError {
     Unauthorized,
     #[error("{what} not found")]
     NotFound { what: String },
+    /// A 404 whose reason is more than "no such thing" (a version deleted by retention).
+    #[error("{detail}")]
+    Gone { detail: String },
     #[error("the method is not allowed here; allowed: {allowed}")]
     MethodNotAllowed { allowed: String },
     #[error("{} `{name}` already exists", kind_label(*.kind))]
@@ -126,6 +129,10 @@ impl AdminError {
         let (status, slug, title) = match self {
             Self::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized", "Authentication required"),
             Self::NotFound { .. } => (StatusCode::NOT_FOUND, "not-found", "Not found"),
+            Self::Gone { .. } => (StatusCode::NOT_FOUND, "pruned", "Deleted by retention"),
+            Self::Store(StoreError::SecretKeyRotated { .. }) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "secret-key-rotated", "The secret key was rotated")
+            }
             Self::MethodNotAllowed { .. } => {
                 (StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed", "Method not allowed")
             }
@@ -163,6 +170,8 @@ impl AdminError {
             Self::Unavailable(source) => {
                 tracing::warn!(error = %source, "admin readiness check failed");
             }
+            // Says what to do, and holds nothing internal.
+            Self::Store(rotated @ StoreError::SecretKeyRotated { .. }) => problem.detail = Some(rotated.to_string()),
             Self::Store(_) | Self::Internal(_) => {
                 let id = uuid::Uuid::new_v4().to_string();
                 // Store errors carry SQL and driver text, never request bodies, so logging them leaks no secret.

@@ -14,7 +14,7 @@ use super::crud::page_limit;
 use super::error::{AdminError, Problem};
 use super::{PROBLEM, Shared, VERSION_HEADER, write_error};
 use crate::model::Config;
-use crate::store::SnapshotSummary;
+use crate::store::{SnapshotLookup, SnapshotSummary};
 
 pub fn routes() -> OpenApiRouter<Shared> {
     OpenApiRouter::new()
@@ -82,23 +82,36 @@ async fn list_snapshots(
     responses(
         (status = 200, description = "The snapshot's summary and configuration", body = SnapshotDetail),
         (status = 400, description = "The version is not a number", body = Problem, content_type = PROBLEM),
-        (status = 404, description = "No such version", body = Problem, content_type = PROBLEM),
+        (status = 404, description = "No such version, or deleted by retention (`--keep-snapshots`; the detail says \
+            which)", body = Problem, content_type = PROBLEM),
     ),
 )]
 async fn get_snapshot(
     State(admin): State<Shared>,
     Path(version): Path<u64>,
 ) -> Result<Json<SnapshotDetail>, AdminError> {
-    let not_found = || AdminError::NotFound { what: format!("snapshot version {version}") };
-    let summary = admin
-        .store
-        .list_snapshots(version.checked_add(1), 1)
-        .await?
-        .into_iter()
-        .find(|s| s.version == version)
-        .ok_or_else(not_found)?;
-    let config = admin.store.snapshot_config(version).await?.ok_or_else(not_found)?;
-    Ok(Json(SnapshotDetail { summary, config }))
+    let summary =
+        admin.store.list_snapshots(version.checked_add(1), 1).await?.into_iter().find(|s| s.version == version);
+    let config = admin.store.snapshot_config(version).await?;
+    match summary.zip(config) {
+        Some((summary, config)) => Ok(Json(SnapshotDetail { summary, config })),
+        None => Err(not_in_history(&admin, version).await),
+    }
+}
+
+/// 404 for a version the history does not hold, saying whether retention deleted it.
+async fn not_in_history(admin: &Shared, version: u64) -> AdminError {
+    match admin.store.lookup_snapshot(version).await {
+        Ok(SnapshotLookup::Pruned { oldest_kept }) => AdminError::Gone {
+            detail: format!(
+                "snapshot version {version} was deleted by retention: the control plane keeps the newest {} \
+                 versions (--keep-snapshots); the oldest kept is {oldest_kept}",
+                admin.store.keep_snapshots()
+            ),
+        },
+        Ok(_) => AdminError::NotFound { what: format!("snapshot version {version}") },
+        Err(e) => AdminError::Store(e),
+    }
 }
 
 #[utoipa::path(
@@ -109,17 +122,16 @@ async fn get_snapshot(
             body = RollbackResult, headers(("Location" = String), ("Sluice-Config-Version" = u64))),
         (status = 200, description = "The configuration already equals that version; nothing committed",
             body = RollbackResult),
-        (status = 404, description = "No such version", body = Problem, content_type = PROBLEM),
+        (status = 404, description = "No such version, or deleted by retention (`--keep-snapshots`; the detail says \
+            which)", body = Problem, content_type = PROBLEM),
         (status = 422, description = "That version no longer builds a valid snapshot (e.g. its sealed secrets \
             cannot be opened with the current key); nothing committed", body = Problem, content_type = PROBLEM),
     ),
 )]
 async fn rollback_snapshot(State(admin): State<Shared>, Path(version): Path<u64>) -> Result<Response, AdminError> {
-    let old = admin
-        .store
-        .snapshot_config(version)
-        .await?
-        .ok_or_else(|| AdminError::NotFound { what: format!("snapshot version {version}") })?;
+    let Some(old) = admin.store.snapshot_config(version).await? else {
+        return Err(not_in_history(&admin, version).await);
+    };
     // The stored configuration is already in stored form (hashes, sealed values): no prepare step, and the
     // snapshot built from it is validated again by the write like any other change.
     let committed = admin

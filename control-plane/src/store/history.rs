@@ -1,6 +1,6 @@
 //! Reading the snapshot history the write path recorded: what the sync server
-//! pushes (`latest_snapshot`), and what `/v1/snapshots` lists, shows and rolls
-//! back to.
+//! pushes (`latest_snapshot`, opened from its sealed form only in memory), and
+//! what `/v1/snapshots` lists, shows and rolls back to.
 
 use std::sync::Arc;
 
@@ -23,8 +23,22 @@ pub struct SnapshotSummary {
     pub created_at: i64,
     /// Size of the encoded snapshot pushed to data planes.
     pub size_bytes: u64,
-    /// What made this version (e.g. `PUT /v1/apis/shop`).
+    /// What this version changed, in one line (e.g. `replaced api shop`).
     pub note: String,
+    /// The name of the admin token that made it; empty for versions the control plane made itself.
+    pub author: String,
+}
+
+/// Where a version stands in the history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SnapshotLookup {
+    Kept,
+    /// Deleted by retention: older than every version kept (`oldest_kept`).
+    Pruned {
+        oldest_kept: u64,
+    },
+    /// Never committed (or beyond the newest).
+    Unknown,
 }
 
 impl Store {
@@ -40,7 +54,7 @@ impl Store {
             .fetch_optional(&mut *conn)
             .await?
             .ok_or(StoreError::NoSnapshot)?;
-        decode_snapshot(&row).map(Arc::new)
+        self.decode_snapshot(&row).map(Arc::new)
     }
 
     pub async fn snapshot(&self, version: u64) -> Result<Option<v1::Snapshot>, StoreError> {
@@ -49,7 +63,27 @@ impl Store {
             .bind(version)
             .fetch_optional(&self.inner.pool)
             .await?;
-        row.as_ref().map(decode_snapshot).transpose()
+        row.as_ref().map(|row| self.decode_snapshot(row)).transpose()
+    }
+
+    /// Whether `version` is in the history, was pruned from it, or never existed.
+    pub async fn lookup_snapshot(&self, version: u64) -> Result<SnapshotLookup, StoreError> {
+        let row = sqlx::query("SELECT MIN(version) AS oldest, MAX(version) AS newest FROM snapshots")
+            .fetch_one(&self.inner.pool)
+            .await?;
+        let (Some(oldest), Some(newest)) =
+            (row.try_get::<Option<i64>, _>("oldest")?, row.try_get::<Option<i64>, _>("newest")?)
+        else {
+            return Ok(SnapshotLookup::Unknown);
+        };
+        let (oldest, newest) = (u64::try_from(oldest).unwrap_or(0), u64::try_from(newest).unwrap_or(0));
+        Ok(match version {
+            0 => SnapshotLookup::Unknown,
+            v if v < oldest => SnapshotLookup::Pruned { oldest_kept: oldest },
+            v if v > newest => SnapshotLookup::Unknown,
+            // Versions are never skipped, so every one in range is kept.
+            _ => SnapshotLookup::Kept,
+        })
     }
 
     /// The newest snapshot below `before` that `refused` does not rule out:
@@ -102,7 +136,7 @@ impl Store {
     pub async fn list_snapshots(&self, before: Option<u64>, limit: u32) -> Result<Vec<SnapshotSummary>, StoreError> {
         let before = before.map_or(i64::MAX, |b| i64::try_from(b).unwrap_or(i64::MAX));
         let rows = sqlx::query(
-            "SELECT version, hash, created_at, size_bytes, note FROM snapshots \
+            "SELECT version, hash, created_at, size_bytes, note, author FROM snapshots \
              WHERE version < $1 ORDER BY version DESC LIMIT $2",
         )
         .bind(before)
@@ -120,6 +154,7 @@ impl Store {
                     size_bytes: u64::try_from(row.try_get::<i64, _>("size_bytes")?)
                         .map_err(|_| corrupt("negative size"))?,
                     note: row.try_get("note")?,
+                    author: row.try_get("author")?,
                 })
             })
             .collect()
@@ -139,9 +174,16 @@ pub(super) async fn latest_head(conn: &mut AnyConnection) -> Result<Option<(u64,
     Ok(Some((version, hash)))
 }
 
-fn decode_snapshot(row: &sqlx::any::AnyRow) -> Result<v1::Snapshot, StoreError> {
-    let version: i64 = row.try_get("version")?;
-    let bytes: Vec<u8> = row.try_get("snapshot")?;
-    v1::Snapshot::decode(bytes.as_slice())
-        .map_err(|e| StoreError::CorruptSnapshot { version, reason: format!("snapshot: {e}") })
+impl Store {
+    /// Opens a row's sealed snapshot and decodes it; the clear form exists only here, in memory.
+    fn decode_snapshot(&self, row: &sqlx::any::AnyRow) -> Result<v1::Snapshot, StoreError> {
+        let version: i64 = row.try_get("version")?;
+        let bytes = self
+            .inner
+            .secrets
+            .open_blob(row.try_get("snapshot")?)
+            .map_err(|source| StoreError::Sealed { version, source })?;
+        v1::Snapshot::decode(bytes.as_slice())
+            .map_err(|e| StoreError::CorruptSnapshot { version, reason: format!("snapshot: {e}") })
+    }
 }

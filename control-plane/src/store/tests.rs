@@ -74,6 +74,8 @@ macro_rules! on_both_stores {
     };
 }
 
+mod sealing;
+
 on_both_stores!(
     open_commits_version_one,
     write_commits_next_version,

@@ -145,7 +145,8 @@ async fn restarted_node_serves_from_snapshot_cache_without_control_plane() -> Re
     let cache_arg = cache.to_str().context("utf-8 path")?;
 
     let mut cp = FakeControlPlane::start().await?;
-    let dp = DataPlane::start(&cp.url(), &["--snapshot-cache", cache_arg]).await?;
+    let cached = ["--snapshot-cache", cache_arg, "--cluster-token", "cache-token"];
+    let dp = DataPlane::start(&cp.url(), &cached).await?;
     let mut conn = cp.accept().await?;
     conn.push(snapshot(5, &[upstream.url()])).await?;
     conn.ack().await?;
@@ -157,7 +158,7 @@ async fn restarted_node_serves_from_snapshot_cache_without_control_plane() -> Re
 
     // No control plane at all now.
     let nowhere = format!("http://{}", unused_addr().await?);
-    let dp = DataPlane::start(&nowhere, &["--snapshot-cache", cache_arg]).await?;
+    let dp = DataPlane::start(&nowhere, &cached).await?;
     // Ready at once, from the cache, before any control plane answered.
     assert_eq!(dp.ready_status().await?, 200);
     let (status, echo) = get(&dp, "/from-cache").await?;
@@ -165,6 +166,13 @@ async fn restarted_node_serves_from_snapshot_cache_without_control_plane() -> Re
     assert_eq!(echo["server"], "gamma");
     assert_eq!(dp.metric("sluice_snapshot_version").await?, Some(5.0));
     assert_eq!(dp.metric("sluice_sync_connected").await?, Some(0.0));
+    drop(dp);
+
+    // Another cluster token cannot open it: ignored, with a warning, not served.
+    let other = DataPlane::start(&nowhere, &["--snapshot-cache", cache_arg, "--cluster-token", "other-token"]).await?;
+    other.process.wait_for_log("written with another cluster token").await?;
+    assert_eq!(other.ready_status().await?, 503);
+    assert_eq!(get(&other, "/from-cache").await?.0, 503, "no routing table, nothing served from the cache");
     Ok(())
 }
 
@@ -174,7 +182,8 @@ async fn corrupt_snapshot_cache_is_ignored() -> Result<()> {
     let cache = dir.path().join("snapshot.pb");
     std::fs::write(&cache, b"definitely not a snapshot")?;
     let nowhere = format!("http://{}", unused_addr().await?);
-    let dp = DataPlane::start(&nowhere, &["--snapshot-cache", cache.to_str().context("utf-8 path")?]).await?;
+    let cached = ["--snapshot-cache", cache.to_str().context("utf-8 path")?, "--cluster-token", "t"];
+    let dp = DataPlane::start(&nowhere, &cached).await?;
     dp.process.wait_for_log("ignoring unusable snapshot cache").await?;
     assert_eq!(client().get(dp.ops_url("/healthz")).send().await?.status().as_u16(), 200);
     assert_eq!(dp.ready_status().await?, 503);
