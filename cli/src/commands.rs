@@ -223,17 +223,18 @@ pub async fn history(client: &AdminClient, limit: u32, output: Output) -> anyhow
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or_default();
-    let rows: Vec<[String; 4]> = page["items"]
+    let rows: Vec<[String; 5]> = page["items"]
         .as_array()
         .into_iter()
         .flatten()
         .map(|s| {
             let age = s["created_at"].as_i64().map_or("-".into(), |at| age((now_ms - at).max(0) / 1000));
             let hash = s["hash"].as_str().unwrap_or_default().chars().take(12).collect();
-            [s["version"].to_string(), age, hash, s["note"].as_str().unwrap_or_default().to_string()]
+            let author = s["author"].as_str().filter(|a| !a.is_empty()).unwrap_or("-").to_string();
+            [s["version"].to_string(), age, author, hash, s["note"].as_str().unwrap_or_default().to_string()]
         })
         .collect();
-    print_table(&["VERSION", "CREATED", "HASH", "CHANGE"], &rows, "(no snapshots)");
+    print_table(&["VERSION", "CREATED", "BY", "HASH", "CHANGE"], &rows, "(no snapshots)");
     Ok(())
 }
 

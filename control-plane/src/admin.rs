@@ -3,6 +3,8 @@
 //! document generated from these handlers. Everything but the health probes and the docs needs the admin token;
 //! every error is an RFC 9457 problem.
 
+mod admin_tokens;
+mod auth;
 mod body;
 mod collections;
 mod config;
@@ -17,8 +19,8 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{HeaderName, HeaderValue, StatusCode, header};
-use axum::middleware::{self, Next};
+use axum::http::{HeaderName, HeaderValue, Method, StatusCode, header};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
@@ -64,8 +66,8 @@ pub struct AdminState {
 /// Shared by every handler: the application's state plus what is derived from the OpenAPI document at start-up.
 pub(crate) struct Admin {
     store: Store,
-    /// Only the digest is kept, so comparisons run over fixed-length values and the token itself is not retained.
-    token_digest: TokenDigest,
+    /// The startup token's digest (the token itself is not retained) and the failed-authentication counts.
+    auth: auth::Authenticator,
     stale_after: Duration,
     schemas: Schemas,
     openapi_json: Bytes,
@@ -74,7 +76,7 @@ pub(crate) struct Admin {
 type Shared = Arc<Admin>;
 
 /// Request body types validated against their generated JSON Schema before serde sees them.
-const BODY_SCHEMAS: &[&str] = &["Api", "Upstream", "Consumer", "Spec", "Certificate", "Config"];
+const BODY_SCHEMAS: &[&str] = &["Api", "Upstream", "Consumer", "Spec", "Certificate", "Config", "TokenRequest"];
 
 /// Builds the admin API. The OpenAPI document is generated from the same routes that are mounted, so it cannot
 /// drift from them; the JSON Schemas that check request bodies are taken from that document.
@@ -83,9 +85,8 @@ pub fn router(state: AdminState) -> Router {
     let document = document(openapi);
     let schemas = Schemas::from_document(&document, BODY_SCHEMAS);
     let openapi_json = Bytes::from(serde_json::to_vec(&document).unwrap_or_default());
-    let token_digest = state.admin_token;
-    let admin =
-        Arc::new(Admin { store: state.store, token_digest, stale_after: state.stale_after, schemas, openapi_json });
+    let auth = auth::Authenticator::new(state.admin_token);
+    let admin = Arc::new(Admin { store: state.store, auth, stale_after: state.stale_after, schemas, openapi_json });
 
     // The UI fetches the document from our own documented route rather than registering a second copy.
     let docs = SwaggerUi::new("/docs").config(SwaggerConfig::new(["/openapi.json"]));
@@ -93,7 +94,7 @@ pub fn router(state: AdminState) -> Router {
         .merge(Router::from(docs))
         .fallback(unknown_route)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
-        .layer(middleware::from_fn_with_state(admin.clone(), authenticate))
+        .layer(middleware::from_fn_with_state(admin.clone(), auth::authenticate))
         // Outermost, so that errors produced by axum itself (405, extractor rejections, body limit) and by the
         // layers above are problem details too.
         .layer(middleware::map_response(problem_for_bare_errors))
@@ -110,6 +111,7 @@ fn documented_routes() -> OpenApiRouter<Shared> {
         .merge(snapshots::routes())
         .merge(data_planes::routes())
         .merge(config::routes())
+        .merge(admin_tokens::routes())
 }
 
 /// Title, bearer security for everything but the public paths, and the 401/500 answers every secured operation
@@ -135,14 +137,28 @@ fn finish_document(mut openapi: OpenApi) -> OpenApi {
     };
     for (path, item) in openapi.paths.paths.iter_mut() {
         let public = PUBLIC_PATHS.contains(&path.as_str());
-        for operation in
-            [&mut item.get, &mut item.put, &mut item.post, &mut item.delete, &mut item.patch].into_iter().flatten()
-        {
+        let operations = [
+            (Method::GET, &mut item.get),
+            (Method::PUT, &mut item.put),
+            (Method::POST, &mut item.post),
+            (Method::DELETE, &mut item.delete),
+            (Method::PATCH, &mut item.patch),
+        ];
+        for (method, operation) in operations.into_iter().filter_map(|(m, op)| op.as_mut().map(|op| (m, op))) {
             let responses = &mut operation.responses.responses;
             if public {
                 operation.security = Some(vec![SecurityRequirement::default()]);
             } else {
                 responses.entry("401".into()).or_insert_with(|| problem("Missing or wrong bearer token").into());
+                if auth::needs_admin(&method, path) {
+                    responses
+                        .entry("403".into())
+                        .or_insert_with(|| problem("The token's role (`read-only`) does not allow this").into());
+                }
+                responses.entry("429".into()).or_insert_with(|| {
+                    problem("Too many failed authentications from this address; `Retry-After` says when to retry")
+                        .into()
+                });
             }
             responses.entry("500".into()).or_insert_with(|| problem("Internal error; quote `correlation_id`").into());
         }
@@ -199,21 +215,6 @@ async fn unknown_route(request: Request) -> AdminError {
 
 fn is_public(path: &str) -> bool {
     PUBLIC_PATHS.contains(&path) || path.starts_with("/docs/")
-}
-
-async fn authenticate(State(admin): State<Shared>, request: Request, next: Next) -> Response {
-    if is_public(request.uri().path()) {
-        return next.run(request).await;
-    }
-    let presented = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, token)| token.trim());
-    let accepted = presented.is_some_and(|token| !token.is_empty() && admin.token_digest.matches(token));
-    if accepted { next.run(request).await } else { AdminError::Unauthorized.into_response() }
 }
 
 /// Turns an error response that is not yet a problem (axum's 405, extractor rejections, the body limit's 413,

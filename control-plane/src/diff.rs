@@ -22,9 +22,35 @@ pub struct ConfigDiff {
     pub kinds: BTreeMap<String, KindDiff>,
 }
 
+/// How many names a one-line summary lists before it only counts.
+const SUMMARY_NAMES: usize = 6;
+
 impl ConfigDiff {
     pub fn is_empty(&self) -> bool {
         self.kinds.values().all(|d| d.added.is_empty() && d.changed.is_empty() && d.removed.is_empty())
+    }
+
+    /// One line for the history: `+apis/shop ~upstreams/backend -consumers/bob`,
+    /// the first few names then a count of the rest.
+    pub fn summary(&self) -> String {
+        let changes: Vec<String> = self
+            .kinds
+            .iter()
+            .flat_map(|(kind, d)| {
+                let names = |sign: char, names: &[String]| {
+                    names.iter().map(move |name| format!("{sign}{kind}/{name}")).collect::<Vec<_>>()
+                };
+                [names('+', &d.added), names('~', &d.changed), names('-', &d.removed)].concat()
+            })
+            .collect();
+        if changes.is_empty() {
+            return "no change".into();
+        }
+        let mut line = changes[..changes.len().min(SUMMARY_NAMES)].join(" ");
+        if changes.len() > SUMMARY_NAMES {
+            line.push_str(&format!(" and {} more", changes.len() - SUMMARY_NAMES));
+        }
+        line
     }
 }
 

@@ -7,6 +7,7 @@ use sluice_control_plane::app::{self, App};
 use sluice_control_plane::pki::{self, CertsCommand};
 use sluice_control_plane::secrets::SecretBox;
 use sluice_control_plane::settings::Settings;
+use sluice_control_plane::tokens::{Role, check_token_name};
 
 #[derive(Parser)]
 #[command(name = "sluice-cp", version, about = "Sluice control plane: admin API and snapshot push")]
@@ -23,6 +24,10 @@ enum Command {
     /// Certificates for TLS between the control plane and the data planes.
     #[command(subcommand)]
     Certs(CertsCommand),
+    /// Named admin tokens with a role (`admin` or `read-only`); only their
+    /// digests are stored. The same as `/v1/tokens`, straight on the database.
+    #[command(subcommand)]
+    Tokens(TokensCommand),
     /// Re-seal every secret in the database (certificate keys, JWT secrets,
     /// the API-key HMAC key, every stored snapshot) with a new secret key, in
     /// one transaction. The current key (`--secret-key` or the key file)
@@ -33,6 +38,21 @@ enum Command {
         #[arg(long, env = "SLUICE_NEW_SECRET_KEY", hide_env_values = true)]
         new_key: String,
     },
+}
+
+#[derive(Subcommand)]
+enum TokensCommand {
+    /// Create a token and print it: the only time it is shown.
+    Create {
+        /// Shown in the history as the author of the token's writes.
+        name: String,
+        #[arg(long, value_enum, default_value = "read-only")]
+        role: Role,
+    },
+    /// List the named tokens (never the tokens themselves).
+    List,
+    /// Revoke a token: every control plane on the database refuses it from now on.
+    Revoke { name: String },
 }
 
 #[tokio::main]
@@ -52,7 +72,40 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Some(Command::RotateSecretKey { new_key }) => rotate_secret_key(&cli.settings, &new_key).await,
+        Some(Command::Tokens(command)) => tokens(&cli.settings, command).await,
     }
+}
+
+async fn tokens(settings: &Settings, command: TokensCommand) -> anyhow::Result<()> {
+    let store = app::open_store(settings).await?;
+    let result = match command {
+        TokensCommand::Create { name, role } => {
+            check_token_name(&name).map_err(|e| anyhow::anyhow!("token name {name:?}: {e}"))?;
+            let (token, _) = store
+                .create_admin_token(&name, role, "sluice-cp tokens")
+                .await?
+                .with_context(|| format!("a token named `{name}` already exists"))?;
+            eprintln!("created the {} token `{name}`; it is shown once, only its digest is stored:", role.as_str());
+            println!("{token}");
+            Ok(())
+        }
+        TokensCommand::List => {
+            println!("{:<24} {:<10} {:<26} CREATED BY", "NAME", "ROLE", "CREATED");
+            for token in store.list_admin_tokens().await? {
+                let created = chrono::DateTime::from_timestamp_millis(token.created_at)
+                    .map_or_else(String::new, |t| t.to_rfc3339());
+                println!("{:<24} {:<10} {:<26} {}", token.name, token.role.as_str(), created, token.created_by);
+            }
+            Ok(())
+        }
+        TokensCommand::Revoke { name } => {
+            anyhow::ensure!(store.revoke_admin_token(&name).await?, "no token named `{name}`");
+            println!("revoked `{name}`");
+            Ok(())
+        }
+    };
+    store.close().await;
+    result
 }
 
 async fn rotate_secret_key(settings: &Settings, new_key: &str) -> anyhow::Result<()> {

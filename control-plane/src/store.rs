@@ -6,6 +6,7 @@
 //! configuration, old snapshots and the data planes' state. PostgreSQL in
 //! production, SQLite embedded, same SQL on both through sqlx's `Any` driver.
 
+mod admin_tokens;
 mod data_planes;
 mod history;
 mod resources;

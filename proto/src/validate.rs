@@ -87,7 +87,7 @@ fn unique_names<'a>(v: &mut Violations, kind: &str, names: impl Iterator<Item = 
 }
 
 /// Names appear in URLs and metrics labels, so they are kept to a safe alphabet.
-pub(crate) fn check_name(name: &str) -> Result<(), String> {
+pub fn check_name(name: &str) -> Result<(), String> {
     if name.is_empty() {
         return Err("must not be empty".into());
     }

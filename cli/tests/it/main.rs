@@ -13,6 +13,7 @@ mod support;
 mod tls;
 mod websocket;
 // deployment and operator experience (issue 6)
+mod admin_tokens;
 mod cli_roundtrip;
 mod compose;
 mod replicas;

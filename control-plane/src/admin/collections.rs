@@ -4,7 +4,7 @@
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Extension, Path, Query, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use utoipa_axum::router::OpenApiRouter;
@@ -14,6 +14,7 @@ use super::crud::{self, Page, PageQuery};
 use super::error::{AdminError, Problem};
 use super::{PROBLEM, Shared};
 use crate::model::{Api, Certificate, Consumer, Spec, Upstream};
+use crate::tokens::Principal;
 
 macro_rules! collection {
     (
@@ -50,8 +51,13 @@ macro_rules! collection {
                 (status = 422, description = "Rejected content or broken references; nothing committed", body = Problem, content_type = PROBLEM),
             ),
         )]
-        pub async fn $create(State(admin): State<Shared>, headers: HeaderMap, body: Bytes) -> Result<Response, AdminError> {
-            crud::create::<$ty>(&admin, &headers, &body).await
+        pub async fn $create(
+            State(admin): State<Shared>,
+            Extension(principal): Extension<Principal>,
+            headers: HeaderMap,
+            body: Bytes,
+        ) -> Result<Response, AdminError> {
+            crud::create::<$ty>(&admin, &principal.name, &headers, &body).await
         }
 
         #[utoipa::path(
@@ -84,11 +90,12 @@ macro_rules! collection {
         )]
         pub async fn $replace(
             State(admin): State<Shared>,
+            Extension(principal): Extension<Principal>,
             Path(name): Path<String>,
             headers: HeaderMap,
             body: Bytes,
         ) -> Result<Response, AdminError> {
-            crud::replace::<$ty>(&admin, &name, &headers, &body).await
+            crud::replace::<$ty>(&admin, &principal.name, &name, &headers, &body).await
         }
 
         #[utoipa::path(
@@ -109,11 +116,12 @@ macro_rules! collection {
         )]
         pub async fn $patch(
             State(admin): State<Shared>,
+            Extension(principal): Extension<Principal>,
             Path(name): Path<String>,
             headers: HeaderMap,
             body: Bytes,
         ) -> Result<Response, AdminError> {
-            crud::patch::<$ty>(&admin, &name, &headers, &body).await
+            crud::patch::<$ty>(&admin, &principal.name, &name, &headers, &body).await
         }
 
         #[utoipa::path(
@@ -125,8 +133,12 @@ macro_rules! collection {
                 (status = 409, description = "Still referenced; `referrers` names who refers to it", body = Problem, content_type = PROBLEM),
             ),
         )]
-        pub async fn $delete(State(admin): State<Shared>, Path(name): Path<String>) -> Result<Response, AdminError> {
-            crud::delete::<$ty>(&admin, &name).await
+        pub async fn $delete(
+            State(admin): State<Shared>,
+            Extension(principal): Extension<Principal>,
+            Path(name): Path<String>,
+        ) -> Result<Response, AdminError> {
+            crud::delete::<$ty>(&admin, &principal.name, &name).await
         }
 
         pub fn $router() -> OpenApiRouter<Shared> {

@@ -4,7 +4,7 @@
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::{Query, State};
+use axum::extract::{Extension, Query, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -18,6 +18,8 @@ use super::{PROBLEM, Shared, VERSION_HEADER, write_error};
 use crate::model::Config;
 use crate::prepare::{ConfigDiff, diff_config, prepare_config};
 use crate::snapshot::build_snapshot;
+use crate::store::Note;
+use crate::tokens::Principal;
 
 pub fn routes() -> OpenApiRouter<Shared> {
     OpenApiRouter::new().routes(routes!(export_config, import_config))
@@ -109,6 +111,7 @@ async fn export_config(
 )]
 async fn import_config(
     State(admin): State<Shared>,
+    Extension(principal): Extension<Principal>,
     Query(query): Query<ImportQuery>,
     headers: HeaderMap,
     body: Bytes,
@@ -139,9 +142,10 @@ async fn import_config(
         return Ok(with_version(Json(result).into_response(), version));
     }
 
+    let summary = format!("import: {}", diff_config(&previous, &prepared).summary());
     let committed = admin
         .store
-        .write("PUT /v1/config", move |current| {
+        .write(Note { author: &principal.name, summary: &summary }, move |current| {
             let diff = diff_config(current, &prepared);
             *current = prepared;
             Ok::<_, AdminError>(diff)

@@ -12,6 +12,7 @@ use super::body::{merge_patch, parse, request_format};
 use super::error::{AdminError, FieldError};
 use super::resource::Resource;
 use super::{Admin, VERSION_HEADER, write_error};
+use crate::store::Note;
 
 pub const DEFAULT_PAGE: u32 = 100;
 pub const MAX_PAGE: u32 = 1000;
@@ -61,7 +62,17 @@ pub async fn get<R: Resource>(admin: &Admin, name: &str) -> Result<R, AdminError
         .ok_or_else(|| AdminError::not_found(R::KIND, name))
 }
 
-pub async fn create<R: Resource>(admin: &Admin, headers: &HeaderMap, body: &[u8]) -> Result<Response, AdminError> {
+/// What the history says a write did: `create api shop`.
+fn summary<R: Resource>(verb: &str, name: &str) -> String {
+    format!("{verb} {} {name}", R::KIND.collection().trim_end_matches('s'))
+}
+
+pub async fn create<R: Resource>(
+    admin: &Admin,
+    author: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, AdminError> {
     let value = parse(body, request_format(headers)?)?;
     let item: R = admin.schemas.decode(R::SCHEMA, value)?;
     let name = item.name().to_string();
@@ -72,10 +83,10 @@ pub async fn create<R: Resource>(admin: &Admin, headers: &HeaderMap, body: &[u8]
         return Err(AdminError::AlreadyExists { kind: R::KIND, name });
     }
     let prepared = prepare(admin, item, None).await?;
-    let note = format!("POST /v1/{}/{name}", R::KIND.collection());
+    let summary = summary::<R>("create", &name);
     let committed = admin
         .store
-        .write(&note, |config| {
+        .write(Note { author, summary: &summary }, |config| {
             let items = R::items_mut(config);
             if items.iter().any(|existing| existing.name() == name) {
                 return Err(AdminError::AlreadyExists { kind: R::KIND, name: name.clone() });
@@ -93,6 +104,7 @@ pub async fn create<R: Resource>(admin: &Admin, headers: &HeaderMap, body: &[u8]
 /// references to the old name.
 pub async fn replace<R: Resource>(
     admin: &Admin,
+    author: &str,
     name: &str,
     headers: &HeaderMap,
     body: &[u8],
@@ -102,11 +114,11 @@ pub async fn replace<R: Resource>(
     let item: R = admin.schemas.decode(R::SCHEMA, value)?;
     let config = admin.store.config().await?;
     let previous = R::items(&config).iter().find(|existing| existing.name() == name).cloned();
+    let summary = summary::<R>(if previous.is_some() { "replace" } else { "create" }, name);
     let prepared = prepare(admin, item, previous).await?;
-    let note = format!("PUT /v1/{}/{name}", R::KIND.collection());
     let committed = admin
         .store
-        .write(&note, |config| {
+        .write(Note { author, summary: &summary }, |config| {
             let items = R::items_mut(config);
             let created = match items.iter_mut().find(|existing| existing.name() == name) {
                 Some(existing) => {
@@ -135,6 +147,7 @@ pub async fn replace<R: Resource>(
 /// leaves the other credentials alone.
 pub async fn patch<R: Resource>(
     admin: &Admin,
+    author: &str,
     name: &str,
     headers: &HeaderMap,
     body: &[u8],
@@ -151,10 +164,10 @@ pub async fn patch<R: Resource>(
     fill_name::<R>(&mut value, name)?;
     let item: R = admin.schemas.decode(R::SCHEMA, value)?;
     let prepared = prepare(admin, item, Some(current)).await?;
-    let note = format!("PATCH /v1/{}/{name}", R::KIND.collection());
+    let summary = summary::<R>("patch", name);
     let committed = admin
         .store
-        .write(&note, |config| {
+        .write(Note { author, summary: &summary }, |config| {
             // Deleted between our read and this write: patching nothing would resurrect it.
             let existing = R::items_mut(config)
                 .iter_mut()
@@ -168,11 +181,11 @@ pub async fn patch<R: Resource>(
     Ok(written(StatusCode::OK, None, committed.version, &committed.value))
 }
 
-pub async fn delete<R: Resource>(admin: &Admin, name: &str) -> Result<Response, AdminError> {
-    let note = format!("DELETE /v1/{}/{name}", R::KIND.collection());
+pub async fn delete<R: Resource>(admin: &Admin, author: &str, name: &str) -> Result<Response, AdminError> {
+    let summary = summary::<R>("delete", name);
     let committed = admin
         .store
-        .write(&note, |config| {
+        .write(Note { author, summary: &summary }, |config| {
             let referrers = R::referrers(config, name);
             if !referrers.is_empty() {
                 return Err(AdminError::Referenced { kind: R::KIND, name: name.to_string(), referrers });

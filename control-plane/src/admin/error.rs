@@ -10,6 +10,7 @@ use utoipa::ToSchema;
 
 use crate::model::Kind;
 use crate::store::StoreError;
+use crate::tokens::Role;
 
 /// Every problem `type` starts with this; the slug after it is stable and documented.
 pub const PROBLEM_BASE: &str = "https://sluice.dev/problems/";
@@ -65,6 +66,10 @@ impl From<Violation> for FieldError {
 pub enum AdminError {
     #[error("a valid bearer token is required")]
     Unauthorized,
+    #[error("the token `{token}` has the role `{}`; this request needs an `admin` token", .role.as_str())]
+    Forbidden { token: String, role: Role },
+    #[error("too many failed authentications from this address; try again later")]
+    TooManyFailures,
     #[error("{what} not found")]
     NotFound { what: String },
     /// A 404 whose reason is more than "no such thing" (a version deleted by retention).
@@ -74,6 +79,8 @@ pub enum AdminError {
     MethodNotAllowed { allowed: String },
     #[error("{} `{name}` already exists", kind_label(*.kind))]
     AlreadyExists { kind: Kind, name: String },
+    #[error("a token named `{name}` already exists")]
+    TokenExists { name: String },
     #[error("{} `{name}` is still referenced by {}", kind_label(*.kind), .referrers.join(", "))]
     Referenced { kind: Kind, name: String, referrers: Vec<String> },
     /// The body is not JSON/YAML at all, or is empty.
@@ -128,6 +135,10 @@ impl AdminError {
     pub fn problem(&self) -> (StatusCode, Problem) {
         let (status, slug, title) = match self {
             Self::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized", "Authentication required"),
+            Self::Forbidden { .. } => (StatusCode::FORBIDDEN, "forbidden", "Not allowed for this token's role"),
+            Self::TooManyFailures => {
+                (StatusCode::TOO_MANY_REQUESTS, "too-many-failures", "Too many failed authentications")
+            }
             Self::NotFound { .. } => (StatusCode::NOT_FOUND, "not-found", "Not found"),
             Self::Gone { .. } => (StatusCode::NOT_FOUND, "pruned", "Deleted by retention"),
             Self::Store(StoreError::SecretKeyRotated { .. }) => {
@@ -136,7 +147,9 @@ impl AdminError {
             Self::MethodNotAllowed { .. } => {
                 (StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed", "Method not allowed")
             }
-            Self::AlreadyExists { .. } => (StatusCode::CONFLICT, "conflict", "The name is already taken"),
+            Self::AlreadyExists { .. } | Self::TokenExists { .. } => {
+                (StatusCode::CONFLICT, "conflict", "The name is already taken")
+            }
             Self::Referenced { .. } => (StatusCode::CONFLICT, "referenced", "The resource is still referenced"),
             Self::MalformedBody { .. } => {
                 (StatusCode::BAD_REQUEST, "malformed-body", "The request body cannot be parsed")

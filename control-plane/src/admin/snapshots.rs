@@ -2,7 +2,7 @@
 //! and rollback, which commits the old configuration as a new version so history only ever moves forward.
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Extension, Path, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -14,7 +14,8 @@ use super::crud::page_limit;
 use super::error::{AdminError, Problem};
 use super::{PROBLEM, Shared, VERSION_HEADER, write_error};
 use crate::model::Config;
-use crate::store::{SnapshotLookup, SnapshotSummary};
+use crate::store::{Note, SnapshotLookup, SnapshotSummary};
+use crate::tokens::Principal;
 
 pub fn routes() -> OpenApiRouter<Shared> {
     OpenApiRouter::new()
@@ -128,7 +129,11 @@ async fn not_in_history(admin: &Shared, version: u64) -> AdminError {
             cannot be opened with the current key); nothing committed", body = Problem, content_type = PROBLEM),
     ),
 )]
-async fn rollback_snapshot(State(admin): State<Shared>, Path(version): Path<u64>) -> Result<Response, AdminError> {
+async fn rollback_snapshot(
+    State(admin): State<Shared>,
+    Extension(principal): Extension<Principal>,
+    Path(version): Path<u64>,
+) -> Result<Response, AdminError> {
     let Some(old) = admin.store.snapshot_config(version).await? else {
         return Err(not_in_history(&admin, version).await);
     };
@@ -136,7 +141,7 @@ async fn rollback_snapshot(State(admin): State<Shared>, Path(version): Path<u64>
     // snapshot built from it is validated again by the write like any other change.
     let committed = admin
         .store
-        .write(&format!("POST /v1/snapshots/{version}/rollback"), move |config| {
+        .write(Note { author: &principal.name, summary: &format!("rollback to version {version}") }, move |config| {
             *config = old;
             Ok::<_, AdminError>(())
         })

@@ -49,6 +49,9 @@ const MOUNTED: &[(&str, &str)] = &[
     ("PUT", "/v1/certificates/{name}"),
     ("PATCH", "/v1/certificates/{name}"),
     ("DELETE", "/v1/certificates/{name}"),
+    ("GET", "/v1/tokens"),
+    ("POST", "/v1/tokens"),
+    ("DELETE", "/v1/tokens/{name}"),
 ];
 
 async fn openapi_documents_every_route(server: &Server) {

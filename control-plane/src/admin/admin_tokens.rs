@@ -1,0 +1,104 @@
+//! Named admin tokens under `/v1/tokens` (`admin` role only, see `auth.rs`):
+//! create (the token is in the answer, once), list, revoke. The same
+//! operations as `sluice-cp tokens`, for operators who hold an admin token
+//! but not the database.
+
+use axum::extract::{Extension, Path, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::{Json, body::Bytes, http::HeaderMap};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::body::{parse, request_format};
+use super::crud::Page;
+use super::error::{AdminError, FieldError, Problem};
+use super::{PROBLEM, Shared};
+use crate::tokens::{AdminToken, Principal, Role, check_token_name};
+
+pub fn routes() -> OpenApiRouter<Shared> {
+    OpenApiRouter::new().routes(routes!(list_tokens, create_token)).routes(routes!(revoke_token))
+}
+
+/// A token to create.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TokenRequest {
+    /// Shown in the history as the author of every write made with the token.
+    #[schema(example = "ci", pattern = "^[A-Za-z0-9._@-]{1,128}$")]
+    pub name: String,
+    pub role: Role,
+}
+
+/// A created token: `token` is shown this once; only its digest is kept.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CreatedToken {
+    #[serde(flatten)]
+    pub listed: AdminToken,
+    pub token: String,
+}
+
+#[utoipa::path(
+    get, path = "/v1/tokens", tag = "tokens",
+    responses((status = 200, description = "Every named token, by name (never the tokens themselves); `next` is always null", body = Page<AdminToken>)),
+)]
+async fn list_tokens(State(admin): State<Shared>) -> Result<Json<Page<AdminToken>>, AdminError> {
+    Ok(Json(Page { items: admin.store.list_admin_tokens().await?, next: None }))
+}
+
+#[utoipa::path(
+    post, path = "/v1/tokens", tag = "tokens",
+    request_body(content = TokenRequest, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Created; the token is in the answer, and only there", body = CreatedToken,
+            headers(("Location" = String))),
+        (status = 400, description = "Unparsable body, or fields missing, unknown or of the wrong type", body = Problem, content_type = PROBLEM),
+        (status = 409, description = "The name is taken", body = Problem, content_type = PROBLEM),
+        (status = 415, description = "Not JSON or YAML", body = Problem, content_type = PROBLEM),
+    ),
+)]
+async fn create_token(
+    State(admin): State<Shared>,
+    Extension(principal): Extension<Principal>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, AdminError> {
+    let value = parse(&body, request_format(&headers)?)?;
+    let request: TokenRequest = admin.schemas.decode("TokenRequest", value)?;
+    if let Err(message) = check_token_name(&request.name) {
+        return Err(AdminError::InvalidBody(vec![FieldError::new("/name", message)]));
+    }
+    let (token, listed) = admin
+        .store
+        .create_admin_token(&request.name, request.role, &principal.name)
+        .await?
+        .ok_or_else(|| AdminError::TokenExists { name: request.name.clone() })?;
+    tracing::info!(name = %listed.name, role = listed.role.as_str(), created_by = %principal.name, "admin token created");
+    let mut response = (StatusCode::CREATED, Json(CreatedToken { listed, token })).into_response();
+    if let Ok(location) = HeaderValue::try_from(format!("/v1/tokens/{}", request.name)) {
+        response.headers_mut().insert(header::LOCATION, location);
+    }
+    Ok(response)
+}
+
+#[utoipa::path(
+    delete, path = "/v1/tokens/{name}", tag = "tokens",
+    params(("name" = String, Path, description = "The token's name")),
+    responses(
+        (status = 204, description = "Revoked: the token is refused from now on, by every control plane"),
+        (status = 404, description = "No such token", body = Problem, content_type = PROBLEM),
+    ),
+)]
+async fn revoke_token(
+    State(admin): State<Shared>,
+    Extension(principal): Extension<Principal>,
+    Path(name): Path<String>,
+) -> Result<StatusCode, AdminError> {
+    if !admin.store.revoke_admin_token(&name).await? {
+        return Err(AdminError::NotFound { what: format!("token `{name}`") });
+    }
+    tracing::info!(name, revoked_by = %principal.name, "admin token revoked");
+    Ok(StatusCode::NO_CONTENT)
+}
