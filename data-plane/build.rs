@@ -5,10 +5,10 @@
 //!   then the rest by when it first runs) are laid out side by side at the
 //!   start of `.text`, in the order `link/symbol-order.txt` lists them. The
 //!   kernel maps a binary's code in as it runs, with its neighbours around
-//!   each page; scattered over 12 MB, the code a data plane ran made 6 MB of
-//!   it resident, packed together 2 MB.
+//!   each page; scattered over the whole binary, the code a data plane runs
+//!   makes several times its own size resident, packed together little more.
 //! * Relative relocations are packed (DT_RELR): the loader reads all of them
-//!   at start-up, 630 KB as plain RELA, 7 KB packed.
+//!   at start-up, and packed they are a small fraction of plain RELA.
 
 use std::env;
 use std::process::Command;

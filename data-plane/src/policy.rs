@@ -60,7 +60,8 @@ impl PolicyContext {
 pub struct PolicyChain {
     api: Arc<str>,
     // The larger policies are boxed: a chain is held per API, mostly with
-    // few policies set, and inline ones made every API about 1 KB larger.
+    // few policies set, and inline every chain would be as large as all of
+    // them together.
     cors: Option<Box<Cors>>,
     ip_restriction: Option<IpRestriction>,
     size_limit: Option<SizeLimit>,

@@ -182,8 +182,8 @@ type RouteDigest = [u8; 32];
 /// SHA-256 over what the matcher is built from: each API's hosts, prefix,
 /// paths and methods, in table order (the matcher answers with positions).
 /// Most snapshots change policies or upstreams, not routes; then the new table
-/// shares the old matcher instead of building and freeing one, which at
-/// 10,000 APIs was a quarter of a swap's CPU time. A cryptographic digest, so
+/// shares the old matcher instead of building and freeing one, a large part
+/// of a swap's work when there are many APIs. A cryptographic digest, so
 /// that two different route sets never pass for the same.
 fn route_digest(apis: &[v1::Api]) -> RouteDigest {
     fn field(digest: &mut Sha256, bytes: &[u8]) {
@@ -280,8 +280,8 @@ const RETIRE_POLL: Duration = Duration::from_millis(20);
 
 /// Frees a replaced table once no request holds it any more, on the runtime
 /// that applied the snapshot (the control runtime), not on a proxy worker:
-/// freeing 10,000 APIs takes milliseconds, and the last request to let go of
-/// the table would pay them with every connection of its worker waiting.
+/// freeing a large table takes a while, and the last request to let go of
+/// the table would pay for it with every connection of its worker waiting.
 /// Outside a runtime (unit tests) the table is simply dropped.
 fn retire(table: Arc<RoutingTable>) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };

@@ -23,8 +23,8 @@ pub fn canonicalize(snapshot: &mut Snapshot) {
 /// That is the hash of the snapshot encoded with both fields cleared. Cleared
 /// (zero, empty) they are not encoded at all, and as fields 1 and 2 they come
 /// first in the encoding, so the hash is taken over the encoding after them:
-/// no copy of the snapshot is made (at 10,000 APIs that copy cost more than
-/// the encoding and the hash together).
+/// no copy of the snapshot is made (a copy of a large snapshot costs more
+/// than encoding and hashing it).
 pub fn content_hash(snapshot: &Snapshot) -> String {
     let encoded = snapshot.encode_to_vec();
     let mut header = 0;

@@ -13,7 +13,7 @@ use crate::v1::{
 };
 
 // The control plane validates every write and a data plane every snapshot,
-// each over all names and routes: at 10,000 APIs the default SipHash was a
+// each over all names and routes: with many APIs the default SipHash is a
 // large part of that cost, and these keys come from the operator, not clients.
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 type HashSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;

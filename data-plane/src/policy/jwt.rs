@@ -60,7 +60,7 @@ pub struct JwtAuth {
 
 /// Tokens that verified recently. Clients send the same token until it
 /// expires, and verifying it again (base64, two JSON parses, the signature:
-/// about two thirds of a proxied request's instructions for HS256) gives the
+/// for HS256 more work than the rest of the proxied request) gives the
 /// same answer, except for its time window, which is checked on every hit.
 /// Keyed by the whole token, so only identical bytes hit. It lives in the
 /// compiled policy: a new snapshot (keys, issuer, audiences) starts empty.

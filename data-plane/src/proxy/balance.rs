@@ -4,7 +4,7 @@
 //!
 //! Why: every worker accepts on its own copy of the listening socket, and a
 //! keep-alive connection stays on the worker that accepted it. Left to the
-//! race for `accept`, one worker often took 60–70% of a burst of new
+//! race for `accept`, one worker often took most of a burst of new
 //! connections, and a different worker in the next burst. Each worker keeps
 //! its own upstream connections, and glibc gives each worker thread its own
 //! arena: as the split moved from one burst to the next, upstream connections

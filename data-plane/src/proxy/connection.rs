@@ -6,8 +6,8 @@
 //! TCP by peeking at the first bytes, which stay in the socket. hyper-util's
 //! `auto` connection reads those bytes itself and hands them back to hyper
 //! HTTP/1.1 as a 24-byte first read; the request head then never fits hyper's
-//! first 8 KiB read buffer, which grew to 16 KiB on every connection (heaptrack:
-//! 4 MB of 500 connections' memory). `auto` remains for the rare plain
+//! first 8 KiB read buffer, which grew to 16 KiB on every open connection.
+//! `auto` remains for the rare plain
 //! connection whose first bytes are too few to tell.
 
 use std::fmt::Display;
@@ -86,8 +86,7 @@ impl Protocols {
     /// timer per connection, instead of hyper's timer per request. Over TLS a
     /// response's head and body are written as one buffer, not a vectored
     /// write: rustls encrypts into its own buffer either way, and handing it
-    /// several slices costs a list allocation per write (callgrind, https
-    /// case: 1.4k instructions and 2 allocations fewer per request, both sides).
+    /// several slices costs a list allocation per write.
     pub(super) fn new(tls: bool) -> Self {
         let mut http1 = http1::Builder::new();
         http1.timer(TokioTimer::new()).keep_alive(true).header_read_timeout(None).writev(!tls);

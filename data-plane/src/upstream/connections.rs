@@ -149,8 +149,8 @@ impl Connections {
     /// to a target follow the load as it moves between workers instead of
     /// adding up to every worker's peak. An idle HTTP/1.1 connection holds
     /// tens of kilobytes of buffers (hyper's read and write buffers, its
-    /// request queue); with 500 clients spread differently from one minute
-    /// to the next, the spares were a hundred connections and 5 MB more.
+    /// request queue), so spares left behind as clients move between
+    /// workers are memory held for nothing.
     fn retire_spare_elsewhere(&self, here: usize, now: Instant) {
         let others = self.idle.iter().enumerate().filter(|(index, _)| *index != here);
         for stack in others.map(|(_, stack)| stack) {
