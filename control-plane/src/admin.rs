@@ -6,12 +6,12 @@
 mod admin_tokens;
 mod auth;
 mod body;
+mod collection;
 mod collections;
 mod config;
 mod crud;
 mod data_planes;
 mod error;
-mod resource;
 mod snapshots;
 
 use std::sync::Arc;

@@ -1,12 +1,49 @@
-//! What a config import would change, per kind and name: the answer of
-//! `PUT /v1/config?dry_run=true` and `sluice apply --dry-run`.
+//! What changed between two configurations, per kind and name: the one
+//! comparison behind both the rows a store write touches (`store::resources`)
+//! and the answer of `PUT /v1/config?dry_run=true` and `sluice apply --dry-run`.
+//! Resources are compared by value in their stored form.
 
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::model::{Config, Kind};
+use crate::model::{Api, Certificate, Config, Consumer, Resource, Spec, Upstream};
+
+/// One resource that differs between the old and the new configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change<'a, R> {
+    Added(&'a R),
+    Changed(&'a R),
+    Removed(&'a R),
+}
+
+/// Every resource of `old` and `new` that differs (added, changed, removed),
+/// new ones in `new`'s order, then removed ones in `old`'s. Both lists must be
+/// sorted by name (the store keeps them so).
+pub fn changes<'a, R: Resource, T: Borrow<R>>(old: &'a [T], new: &'a [T]) -> Vec<Change<'a, R>> {
+    let mut changes = Vec::new();
+    // Most writes change items in place, so the same position usually holds
+    // the same name; otherwise search (the lists are sorted by name).
+    let find = |items: &[T], at: usize, name: &str| match items.get(at) {
+        Some(item) if item.borrow().name() == name => Some(at),
+        _ => items.binary_search_by(|item| item.borrow().name().cmp(name)).ok(),
+    };
+    for (at, item) in new.iter().map(Borrow::borrow).enumerate() {
+        match find(old, at, item.name()) {
+            None => changes.push(Change::Added(item)),
+            Some(i) if old[i].borrow() != item => changes.push(Change::Changed(item)),
+            Some(_) => {}
+        }
+    }
+    for (at, item) in old.iter().map(Borrow::borrow).enumerate() {
+        if find(new, at, item.name()).is_none() {
+            changes.push(Change::Removed(item));
+        }
+    }
+    changes
+}
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct KindDiff {
@@ -54,38 +91,56 @@ impl ConfigDiff {
     }
 }
 
-/// Compares resources by name and by their stored JSON form.
+/// The names added, changed and removed from `old` to `new`, whatever order
+/// their lists are in.
 pub fn diff_config(old: &Config, new: &Config) -> ConfigDiff {
     let mut diff = ConfigDiff::default();
-    for kind in Kind::ALL {
-        let before = named_values(old, kind);
-        let after = named_values(new, kind);
-        let mut d = KindDiff::default();
-        for (name, value) in &after {
-            match before.get(name) {
-                None => d.added.push(name.clone()),
-                Some(old) if old != value => d.changed.push(name.clone()),
-                Some(_) => {}
-            }
-        }
-        d.removed = before.keys().filter(|name| !after.contains_key(*name)).cloned().collect();
-        diff.kinds.insert(kind.collection().to_string(), d);
-    }
+    kind_diff::<Certificate>(&mut diff, old, new);
+    kind_diff::<Upstream>(&mut diff, old, new);
+    kind_diff::<Spec>(&mut diff, old, new);
+    kind_diff::<Consumer>(&mut diff, old, new);
+    kind_diff::<Api>(&mut diff, old, new);
     diff
 }
 
-fn named_values(config: &Config, kind: Kind) -> BTreeMap<String, serde_json::Value> {
-    fn collect<T: Serialize>(items: &[T], name: impl Fn(&T) -> &str) -> BTreeMap<String, serde_json::Value> {
+fn kind_diff<R: Resource>(diff: &mut ConfigDiff, old: &Config, new: &Config) {
+    let sorted = |config| {
+        let mut items: Vec<&R> = R::items(config).iter().collect();
+        items.sort_by(|a, b| a.name().cmp(b.name()));
         items
-            .iter()
-            .map(|item| (name(item).to_string(), serde_json::to_value(item).unwrap_or(serde_json::Value::Null)))
-            .collect()
+    };
+    let (old, new) = (sorted(old), sorted(new));
+    let mut names = KindDiff::default();
+    for change in changes::<R, _>(&old, &new) {
+        match change {
+            Change::Added(item) => names.added.push(item.name().to_owned()),
+            Change::Changed(item) => names.changed.push(item.name().to_owned()),
+            Change::Removed(item) => names.removed.push(item.name().to_owned()),
+        }
     }
-    match kind {
-        Kind::Api => collect(&config.apis, |a| &a.name),
-        Kind::Upstream => collect(&config.upstreams, |u| &u.name),
-        Kind::Consumer => collect(&config.consumers, |c| &c.username),
-        Kind::Spec => collect(&config.specs, |s| &s.name),
-        Kind::Certificate => collect(&config.certificates, |c| &c.name),
+    diff.kinds.insert(R::KIND.collection().to_owned(), names);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api(name: &str, prefix: &str) -> Api {
+        serde_json::from_value(serde_json::json!({ "name": name, "path_prefix": prefix, "upstream": "u" })).unwrap()
+    }
+
+    #[test]
+    fn names_what_changed_in_any_order() {
+        let old = Config { apis: vec![api("c", "/c"), api("a", "/a"), api("b", "/b")], ..Config::default() };
+        let new = Config { apis: vec![api("d", "/d"), api("b", "/b2"), api("a", "/a")], ..Config::default() };
+        let diff = diff_config(&old, &new);
+        let apis = &diff.kinds["apis"];
+        assert_eq!(
+            (apis.added.as_slice(), apis.changed.as_slice(), apis.removed.as_slice()),
+            (&["d".to_owned()][..], &["b".to_owned()][..], &["c".to_owned()][..])
+        );
+        assert_eq!(diff.kinds.len(), 5);
+        assert!(!diff.is_empty());
+        assert!(diff_config(&new, &new).is_empty());
     }
 }

@@ -11,6 +11,7 @@
 mod duration;
 mod policy;
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -338,6 +339,39 @@ impl Kind {
 
     pub const ALL: [Kind; 5] = [Kind::Certificate, Kind::Upstream, Kind::Spec, Kind::Consumer, Kind::Api];
 }
+
+/// What the items of the five named collections share: their kind, the field
+/// that names them, and where they live in a [`Config`]. The store's rows,
+/// the config diff and the admin API's collections (`admin::Collection`) all
+/// reach the items through it.
+pub trait Resource: Serialize + DeserializeOwned + Clone + PartialEq + Send + Sync + 'static {
+    const KIND: Kind;
+    fn name(&self) -> &str;
+    fn items(config: &Config) -> &Vec<Self>;
+    fn items_mut(config: &mut Config) -> &mut Vec<Self>;
+}
+
+macro_rules! resource {
+    ($type:ty, $kind:ident, $name:ident, $collection:ident) => {
+        impl Resource for $type {
+            const KIND: Kind = Kind::$kind;
+            fn name(&self) -> &str {
+                &self.$name
+            }
+            fn items(config: &Config) -> &Vec<Self> {
+                &config.$collection
+            }
+            fn items_mut(config: &mut Config) -> &mut Vec<Self> {
+                &mut config.$collection
+            }
+        }
+    };
+}
+resource!(Certificate, Certificate, name, certificates);
+resource!(Upstream, Upstream, name, upstreams);
+resource!(Spec, Spec, name, specs);
+resource!(Consumer, Consumer, username, consumers);
+resource!(Api, Api, name, apis);
 
 fn default_path_prefix() -> String {
     "/".into()

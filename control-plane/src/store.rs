@@ -421,10 +421,10 @@ impl Store {
 
         let mut snapshot =
             build_snapshot(&config, &self.inner.secrets, &self.inner.api_key_hmac_key).map_err(WriteError::Invalid)?;
-        let diff = resources::diff(&before, &config)?;
+        let writes = resources::row_writes(&before, &config)?;
         if let Some((version, hash)) = &latest
             && *hash == snapshot.hash
-            && diff.is_empty()
+            && writes.is_empty()
         {
             drop(tx);
             return Ok(Committed { value, version: *version, changed: false });
@@ -434,7 +434,7 @@ impl Store {
         // rollback reproduce the configuration exactly.
 
         let now = now_ms();
-        for (kind, name, body) in &diff.upserts {
+        for (kind, name, body) in &writes.upserts {
             sqlx::query(
                 "INSERT INTO resources (kind, name, body, updated_at) VALUES ($1, $2, $3, $4) \
                  ON CONFLICT (kind, name) DO UPDATE SET body = excluded.body, updated_at = excluded.updated_at",
@@ -446,7 +446,7 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         }
-        for (kind, name) in &diff.deletes {
+        for (kind, name) in &writes.deletes {
             sqlx::query("DELETE FROM resources WHERE kind = $1 AND name = $2")
                 .bind(resources::kind_name(*kind))
                 .bind(name.as_str())
@@ -500,8 +500,8 @@ impl Store {
         tracing::info!(
             version,
             hash = %snapshot.hash,
-            upserted = diff.upserts.len(),
-            deleted = diff.deletes.len(),
+            upserted = writes.upserts.len(),
+            deleted = writes.deletes.len(),
             size_bytes,
             note = note.summary,
             author = note.author,
@@ -632,6 +632,8 @@ fn to_db(value: u64, what: &'static str) -> Result<i64, StoreError> {
     i64::try_from(value).map_err(|_| StoreError::OutOfRange { what, value })
 }
 
+/// Wall-clock now in unix milliseconds: the unit of `updated_at`, `created_at`
+/// and a data plane's `last_seen`.
 pub(crate) fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }

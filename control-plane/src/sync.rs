@@ -27,7 +27,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::store::Store;
+use crate::store::{Store, now_ms};
 use crate::tokens::TokenDigest;
 
 /// Node ids key the data-plane table and the admin API's URLs.
@@ -300,12 +300,6 @@ fn truncate(mut text: String, max: usize) -> String {
         text.push('…');
     }
     text
-}
-
-/// Wall-clock now in unix milliseconds, the unit of `last_seen`.
-fn now_ms() -> i64 {
-    let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// Where operators can reach the node's proxy: the first address it says it

@@ -11,8 +11,8 @@ mod cors;
 mod headers;
 mod ip_restriction;
 mod jwt;
-mod problem;
 pub mod rate_limit;
+mod rejection;
 mod size_limit;
 
 use std::net::IpAddr;
@@ -24,7 +24,7 @@ use sluice_proto::v1;
 use sluice_proto::v1::policy::Kind;
 
 pub use auth::X_CONSUMER_USERNAME;
-pub use problem::Rejection;
+pub use rejection::Rejection;
 
 use crate::base::{ProxyBody, ProxyError, RequestBody, full_body};
 use crate::openapi::{SpecValidator, ValidationFailure};

@@ -26,6 +26,7 @@ use tonic::transport::{Channel, Endpoint};
 use tracing::{debug, error, info, warn};
 
 use crate::backoff::Backoff;
+use crate::base::error_chain;
 use crate::routing::{ApplyOutcome, TableStore};
 use crate::snapshot_cache::{self, CacheKey};
 
@@ -460,20 +461,4 @@ fn transport_failure<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option
         source = cause.source();
     }
     None
-}
-
-/// tonic's transport errors say only "transport error" at the top; the cause
-/// (connection refused, DNS, TLS) is further down the chain.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut out = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        source = cause.source();
-    }
-    out
 }

@@ -9,8 +9,8 @@ use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
 use super::body::{merge_patch, parse, request_format};
+use super::collection::Collection;
 use super::error::{AdminError, FieldError};
-use super::resource::Resource;
 use super::{Admin, VERSION_HEADER, write_error};
 use crate::store::Note;
 
@@ -41,7 +41,7 @@ pub fn page_limit(limit: Option<u32>) -> usize {
     limit.unwrap_or(DEFAULT_PAGE).clamp(1, MAX_PAGE) as usize
 }
 
-pub async fn list<R: Resource>(admin: &Admin, query: PageQuery) -> Result<Page<R>, AdminError> {
+pub async fn list<R: Collection>(admin: &Admin, query: PageQuery) -> Result<Page<R>, AdminError> {
     let config = admin.store.config().await?;
     let limit = page_limit(query.limit);
     let mut items: Vec<&R> = R::items(&config)
@@ -53,7 +53,7 @@ pub async fn list<R: Resource>(admin: &Admin, query: PageQuery) -> Result<Page<R
     Ok(Page { items: items.into_iter().take(limit).cloned().collect(), next })
 }
 
-pub async fn get<R: Resource>(admin: &Admin, name: &str) -> Result<R, AdminError> {
+pub async fn get<R: Collection>(admin: &Admin, name: &str) -> Result<R, AdminError> {
     let config = admin.store.config().await?;
     R::items(&config)
         .iter()
@@ -63,11 +63,11 @@ pub async fn get<R: Resource>(admin: &Admin, name: &str) -> Result<R, AdminError
 }
 
 /// What the history says a write did: `create api shop`.
-fn summary<R: Resource>(verb: &str, name: &str) -> String {
+fn summary<R: Collection>(verb: &str, name: &str) -> String {
     format!("{verb} {} {name}", R::KIND.collection().trim_end_matches('s'))
 }
 
-pub async fn create<R: Resource>(
+pub async fn create<R: Collection>(
     admin: &Admin,
     author: &str,
     headers: &HeaderMap,
@@ -102,7 +102,7 @@ pub async fn create<R: Resource>(
 /// `PUT`: replaces the item, or creates it when absent (so a declarative client can always PUT). The name comes
 /// from the URL; a body may repeat it but not contradict it, since renaming through PUT would silently orphan the
 /// references to the old name.
-pub async fn replace<R: Resource>(
+pub async fn replace<R: Collection>(
     admin: &Admin,
     author: &str,
     name: &str,
@@ -145,7 +145,7 @@ pub async fn replace<R: Resource>(
 /// `PATCH` with an RFC 7396 merge patch over the stored form, then the same checks as `PUT`. Write-only fields
 /// are absent from the stored form, so patching `{"basic_auth": {"password": "new"}}` sets a new password and
 /// leaves the other credentials alone.
-pub async fn patch<R: Resource>(
+pub async fn patch<R: Collection>(
     admin: &Admin,
     author: &str,
     name: &str,
@@ -181,7 +181,7 @@ pub async fn patch<R: Resource>(
     Ok(written(StatusCode::OK, None, committed.version, &committed.value))
 }
 
-pub async fn delete<R: Resource>(admin: &Admin, author: &str, name: &str) -> Result<Response, AdminError> {
+pub async fn delete<R: Collection>(admin: &Admin, author: &str, name: &str) -> Result<Response, AdminError> {
     let summary = summary::<R>("delete", name);
     let committed = admin
         .store
@@ -206,7 +206,7 @@ pub async fn delete<R: Resource>(admin: &Admin, author: &str, name: &str) -> Res
 }
 
 /// Puts the URL's name into the body when absent; refuses a different one.
-fn fill_name<R: Resource>(value: &mut Value, name: &str) -> Result<(), AdminError> {
+fn fill_name<R: Collection>(value: &mut Value, name: &str) -> Result<(), AdminError> {
     let Value::Object(object) = value else { return Ok(()) }; // the schema check reports the wrong type
     match object.get(R::NAME_FIELD) {
         None | Some(Value::Null) => {
@@ -221,7 +221,7 @@ fn fill_name<R: Resource>(value: &mut Value, name: &str) -> Result<(), AdminErro
     }
 }
 
-async fn prepare<R: Resource>(admin: &Admin, item: R, previous: Option<R>) -> Result<R, AdminError> {
+async fn prepare<R: Collection>(admin: &Admin, item: R, previous: Option<R>) -> Result<R, AdminError> {
     let store = admin.store.clone();
     tokio::task::spawn_blocking(move || item.prepare(previous.as_ref(), &store))
         .await
@@ -232,7 +232,7 @@ async fn prepare<R: Resource>(admin: &Admin, item: R, previous: Option<R>) -> Re
         })
 }
 
-fn location<R: Resource>(name: &str) -> String {
+fn location<R: Collection>(name: &str) -> String {
     format!("/v1/{}/{name}", R::KIND.collection())
 }
 

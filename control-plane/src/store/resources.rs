@@ -1,35 +1,12 @@
 //! The `resources` table as the store's write path sees it: loading rows into a
-//! `Config`, and the diff between two configs that decides which rows a write
-//! transaction upserts and deletes.
+//! `Config`, and the rows a write transaction upserts and deletes to turn one
+//! config into the next (what changed is decided by `crate::diff`).
 
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use sqlx::{AnyConnection, Row};
 
 use super::StoreError;
-use crate::model::{Api, Certificate, Config, Consumer, Kind, Spec, Upstream};
-
-/// A resource kind stored one row per named element.
-trait Resource: Serialize + DeserializeOwned + PartialEq {
-    const KIND: Kind;
-    fn name(&self) -> &str;
-}
-
-macro_rules! resource {
-    ($type:ty, $kind:expr, $field:ident) => {
-        impl Resource for $type {
-            const KIND: Kind = $kind;
-            fn name(&self) -> &str {
-                &self.$field
-            }
-        }
-    };
-}
-resource!(Certificate, Kind::Certificate, name);
-resource!(Upstream, Kind::Upstream, name);
-resource!(Spec, Kind::Spec, name);
-resource!(Consumer, Kind::Consumer, username);
-resource!(Api, Kind::Api, name);
+use crate::diff::{Change, changes};
+use crate::model::{Config, Kind, Resource};
 
 /// The `kind` column's value. Fixed strings, not `Debug` output, because rows outlive code changes.
 pub(super) fn kind_name(kind: Kind) -> &'static str {
@@ -90,12 +67,12 @@ fn decode<R: Resource>(name: &str, body: &str) -> Result<R, String> {
 }
 
 #[derive(Debug, Default)]
-pub(super) struct Diff {
+pub(super) struct RowWrites {
     pub upserts: Vec<(Kind, String, String)>,
     pub deletes: Vec<(Kind, String)>,
 }
 
-impl Diff {
+impl RowWrites {
     pub fn is_empty(&self) -> bool {
         self.upserts.is_empty() && self.deletes.is_empty()
     }
@@ -105,36 +82,28 @@ impl Diff {
 /// their `updated_at` keeps meaning "last changed". Only changed resources are
 /// encoded: a write to one API of ten thousand encodes one body. Both configs
 /// must be sorted by name (see [`sort`]).
-pub(super) fn diff(old: &Config, new: &Config) -> Result<Diff, StoreError> {
-    let mut diff = Diff::default();
-    diff_items(&mut diff, &old.certificates, &new.certificates)?;
-    diff_items(&mut diff, &old.upstreams, &new.upstreams)?;
-    diff_items(&mut diff, &old.specs, &new.specs)?;
-    diff_items(&mut diff, &old.consumers, &new.consumers)?;
-    diff_items(&mut diff, &old.apis, &new.apis)?;
-    Ok(diff)
+pub(super) fn row_writes(old: &Config, new: &Config) -> Result<RowWrites, StoreError> {
+    let mut writes = RowWrites::default();
+    kind_writes(&mut writes, &old.certificates, &new.certificates)?;
+    kind_writes(&mut writes, &old.upstreams, &new.upstreams)?;
+    kind_writes(&mut writes, &old.specs, &new.specs)?;
+    kind_writes(&mut writes, &old.consumers, &new.consumers)?;
+    kind_writes(&mut writes, &old.apis, &new.apis)?;
+    Ok(writes)
 }
 
-fn diff_items<R: Resource>(diff: &mut Diff, old: &[R], new: &[R]) -> Result<(), StoreError> {
-    // Most writes change items in place, so the same position usually holds
-    // the same name; otherwise search (the lists are sorted by name).
-    let find = |items: &[R], at: usize, name: &str| match items.get(at) {
-        Some(item) if item.name() == name => Some(at),
-        _ => items.binary_search_by(|item| item.name().cmp(name)).ok(),
-    };
-    for (at, item) in new.iter().enumerate() {
-        if find(old, at, item.name()).is_none_or(|i| old[i] != *item) {
-            let body = serde_json::to_string(item).map_err(|e| StoreError::Encode {
-                kind: kind_name(R::KIND).into(),
-                name: item.name().into(),
-                reason: e.to_string(),
-            })?;
-            diff.upserts.push((R::KIND, item.name().to_owned(), body));
-        }
-    }
-    for (at, item) in old.iter().enumerate() {
-        if find(new, at, item.name()).is_none() {
-            diff.deletes.push((R::KIND, item.name().to_owned()));
+fn kind_writes<R: Resource>(writes: &mut RowWrites, old: &[R], new: &[R]) -> Result<(), StoreError> {
+    for change in changes(old, new) {
+        match change {
+            Change::Added(item) | Change::Changed(item) => {
+                let body = serde_json::to_string(item).map_err(|e| StoreError::Encode {
+                    kind: kind_name(R::KIND).into(),
+                    name: item.name().into(),
+                    reason: e.to_string(),
+                })?;
+                writes.upserts.push((R::KIND, item.name().to_owned(), body));
+            }
+            Change::Removed(item) => writes.deletes.push((R::KIND, item.name().to_owned())),
         }
     }
     Ok(())
@@ -143,21 +112,22 @@ fn diff_items<R: Resource>(diff: &mut Diff, old: &[R], new: &[R]) -> Result<(), 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Api;
 
     fn api(name: &str, prefix: &str) -> Api {
         serde_json::from_value(serde_json::json!({ "name": name, "path_prefix": prefix, "upstream": "u" })).unwrap()
     }
 
     #[test]
-    fn diff_writes_only_what_changed() {
+    fn only_what_changed_is_written() {
         let old = Config { apis: vec![api("a", "/a"), api("b", "/b"), api("c", "/c")], ..Config::default() };
         let new = Config { apis: vec![api("a", "/a"), api("b", "/b2"), api("d", "/d")], ..Config::default() };
-        let diff = diff(&old, &new).unwrap();
-        let upserted: Vec<(Kind, &str)> = diff.upserts.iter().map(|(kind, name, _)| (*kind, name.as_str())).collect();
+        let writes = row_writes(&old, &new).unwrap();
+        let upserted: Vec<(Kind, &str)> = writes.upserts.iter().map(|(kind, name, _)| (*kind, name.as_str())).collect();
         assert_eq!(upserted, vec![(Kind::Api, "b"), (Kind::Api, "d")]);
-        let body: Api = serde_json::from_str(&diff.upserts[0].2).unwrap();
+        let body: Api = serde_json::from_str(&writes.upserts[0].2).unwrap();
         assert_eq!(body, new.apis[1]);
-        assert_eq!(diff.deletes, vec![(Kind::Api, "c".to_string())]);
-        assert!(super::diff(&new, &new).unwrap().is_empty());
+        assert_eq!(writes.deletes, vec![(Kind::Api, "c".to_string())]);
+        assert!(row_writes(&new, &new).unwrap().is_empty());
     }
 }

@@ -1,7 +1,8 @@
 //! Proxy errors, shared by the whole request path (the proxy raises them, the
 //! policy chain passes the forward's through): every way a request can fail
 //! before the upstream's answer reaches the client, tagged by where it came
-//! from, and turned into one RFC 9457 problem-details response.
+//! from, and turned into one RFC 9457 problem-details response. And
+//! [`error_chain`], which spells out any error's causes for a log line.
 
 use http::{HeaderValue, Response, StatusCode, header};
 
@@ -115,6 +116,24 @@ impl ProxyError {
         }
         response
     }
+}
+
+/// `error` with its causes, `top: cause: cause`. Transport errors (hyper's,
+/// tonic's) say little at the top ("client error (Connect)", "transport
+/// error"); what went wrong (refused, DNS, TLS) is further down. A cause
+/// whose text the line already holds is left out.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut out = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = cause.source();
+    }
+    out
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use sluice_proto::v1;
 use super::api_key::{ApiKeyAuth, remove_query_param};
 use super::basic_auth::{BasicAuth, Presented};
 use super::jwt::{JwtAuth, Verified};
-use super::problem::Rejection;
+use super::rejection::Rejection;
 use crate::base::RequestBody;
 use crate::fast_map::FastMap;
 

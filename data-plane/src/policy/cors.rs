@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, header};
 use sluice_proto::v1;
 
-use super::problem::Rejection;
+use super::rejection::Rejection;
 use crate::base::{ProxyBody, full_body};
 
 /// Used when the policy lists no methods: the methods browsers send cross-origin in practice.

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use http::StatusCode;
 use sluice_proto::v1;
 
-use super::problem::Rejection;
+use super::rejection::Rejection;
 
 /// An IPv4 or IPv6 block, held as IPv6 (IPv4 as `::ffff:a.b.c.d`) so one
 /// comparison serves both families.

@@ -15,7 +15,7 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Empty};
 use sluice_proto::v1;
 
-use super::problem::Rejection;
+use super::rejection::Rejection;
 use crate::base::{BoxError, RequestBody, full_body_request};
 
 /// Cap on a body buffered for validation when the API sets no size limit, so

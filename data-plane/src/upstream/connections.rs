@@ -29,7 +29,7 @@ use tower_service::Service as _;
 
 use super::Target;
 use crate::base::worker;
-use crate::base::{ProxyBody, RequestBody};
+use crate::base::{ProxyBody, RequestBody, error_chain};
 
 /// How long an idle connection is kept unless the target says less (see
 /// [`idle_limit`]).
@@ -427,18 +427,6 @@ impl Body for ReleaseAtEnd {
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
     }
-}
-
-/// hyper's top-level errors say little ("client error (Connect)"); the cause is in the chain.
-fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

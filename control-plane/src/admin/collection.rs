@@ -1,25 +1,19 @@
 //! What the five named collections (`/v1/apis`, `/v1/upstreams`, `/v1/consumers`, `/v1/specs`,
-//! `/v1/certificates`) have in common, so that one set of generic handlers in `crud.rs` serves them all: where the
-//! items live in `Config`, which field names them, how write-only input becomes stored form, and who refers to them.
+//! `/v1/certificates`) have in common, so that one set of generic handlers in `crud.rs` serves them all: the schema a
+//! body is validated against, which JSON field names an item, how write-only input becomes stored form, and who refers
+//! to an item. Where the items live in `Config` and how they are named is `model::Resource`.
 
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use sluice_proto::Violation;
 
-use crate::model::{Api, Certificate, Config, Consumer, Kind, Spec, Upstream};
+use crate::model::{Api, Certificate, Config, Consumer, Resource, Spec, Upstream};
 use crate::prepare::{prepare_certificate, prepare_consumer, prepare_spec};
 use crate::store::Store;
 
-pub trait Resource: Serialize + DeserializeOwned + Clone + Send + Sync + 'static {
-    const KIND: Kind;
+pub trait Collection: Resource {
     /// Name of the generated component schema a request body is validated against.
     const SCHEMA: &'static str;
     /// The JSON field that holds the name (`username` for consumers, as in the config file).
     const NAME_FIELD: &'static str = "name";
-
-    fn name(&self) -> &str;
-    fn items(config: &Config) -> &Vec<Self>;
-    fn items_mut(config: &mut Config) -> &mut Vec<Self>;
 
     /// Turns write-only input into stored form; may be slow (Argon2, big specs), so callers run it on the blocking
     /// pool. `previous` is the stored item of the same name, so an unchanged
@@ -34,71 +28,30 @@ pub trait Resource: Serialize + DeserializeOwned + Clone + Send + Sync + 'static
     }
 }
 
-impl Resource for Api {
-    const KIND: Kind = Kind::Api;
+impl Collection for Api {
     const SCHEMA: &'static str = "Api";
-
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn items(config: &Config) -> &Vec<Self> {
-        &config.apis
-    }
-    fn items_mut(config: &mut Config) -> &mut Vec<Self> {
-        &mut config.apis
-    }
 }
 
-impl Resource for Upstream {
-    const KIND: Kind = Kind::Upstream;
+impl Collection for Upstream {
     const SCHEMA: &'static str = "Upstream";
 
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn items(config: &Config) -> &Vec<Self> {
-        &config.upstreams
-    }
-    fn items_mut(config: &mut Config) -> &mut Vec<Self> {
-        &mut config.upstreams
-    }
     fn referrers(config: &Config, name: &str) -> Vec<String> {
         config.apis.iter().filter(|api| api.upstream == name).map(|api| format!("apis/{}", api.name)).collect()
     }
 }
 
-impl Resource for Consumer {
-    const KIND: Kind = Kind::Consumer;
+impl Collection for Consumer {
     const SCHEMA: &'static str = "Consumer";
     const NAME_FIELD: &'static str = "username";
 
-    fn name(&self) -> &str {
-        &self.username
-    }
-    fn items(config: &Config) -> &Vec<Self> {
-        &config.consumers
-    }
-    fn items_mut(config: &mut Config) -> &mut Vec<Self> {
-        &mut config.consumers
-    }
     fn prepare(self, previous: Option<&Self>, store: &Store) -> Result<Self, Vec<Violation>> {
         prepare_consumer(self, previous, store.secrets(), store.api_key_hmac_key())
     }
 }
 
-impl Resource for Spec {
-    const KIND: Kind = Kind::Spec;
+impl Collection for Spec {
     const SCHEMA: &'static str = "Spec";
 
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn items(config: &Config) -> &Vec<Self> {
-        &config.specs
-    }
-    fn items_mut(config: &mut Config) -> &mut Vec<Self> {
-        &mut config.specs
-    }
     fn prepare(self, _previous: Option<&Self>, _store: &Store) -> Result<Self, Vec<Violation>> {
         prepare_spec(self)
     }
@@ -112,19 +65,9 @@ impl Resource for Spec {
     }
 }
 
-impl Resource for Certificate {
-    const KIND: Kind = Kind::Certificate;
+impl Collection for Certificate {
     const SCHEMA: &'static str = "Certificate";
 
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn items(config: &Config) -> &Vec<Self> {
-        &config.certificates
-    }
-    fn items_mut(config: &mut Config) -> &mut Vec<Self> {
-        &mut config.certificates
-    }
     fn prepare(self, previous: Option<&Self>, store: &Store) -> Result<Self, Vec<Violation>> {
         prepare_certificate(self, previous, store.secrets())
     }
