@@ -19,7 +19,7 @@ use axum::serve::IncomingStream;
 use rustls::ServerConfig;
 use rustls::server::WebPkiClientVerifier;
 use sluice_proto::tls::{PemFileError, certificates, private_key, roots};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_rustls::TlsAcceptor;
@@ -33,6 +33,10 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Handshakes in progress at once per listener; further connections wait in
 /// the accept queue rather than each costing a task and a buffer.
 const MAX_HANDSHAKES: usize = 256;
+/// How long, and for how many bytes, a refused client is read after our
+/// alert before its connection is closed (see [`close_after_alert`]).
+const LINGER: Duration = Duration::from_secs(1);
+const LINGER_BYTES: usize = 64 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -288,16 +292,42 @@ async fn accept_loop(
         let acceptor = TlsAcceptor::from(tls.current());
         let ready = ready.clone();
         tokio::spawn(async move {
-            let _permit = permit;
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+            let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream).into_fallible()).await;
+            drop(permit);
+            match handshake {
                 Ok(Ok(stream)) => {
                     let _ = ready.send((Conn::Tls(Box::new(stream)), peer)).await;
                 }
-                Ok(Err(e)) => tracing::warn!(listener = name, %peer, error = %e, "TLS handshake refused"),
+                Ok(Err((e, stream))) => {
+                    tracing::warn!(listener = name, %peer, error = %e, "TLS handshake refused");
+                    close_after_alert(stream).await;
+                }
                 Err(_) => tracing::warn!(listener = name, %peer, "TLS handshake not finished in time; closed"),
             }
         });
     }
+}
+
+/// Under TLS 1.3 a client whose certificate we refuse has finished its side
+/// of the handshake and sent its first request before our alert reaches it.
+/// Closing with that request unread would make the kernel answer with a
+/// reset, which can discard the alert before the client reads it, and the
+/// client would only see "connection closed". So our side is shut first and
+/// what the client still sends is read (bounded in time and bytes) until it
+/// closes, as nginx's lingering close does.
+async fn close_after_alert(mut stream: TcpStream) {
+    let _ = stream.shutdown().await;
+    let mut sink = [0u8; 4096];
+    let mut read = 0;
+    let drain = async {
+        while read < LINGER_BYTES {
+            match stream.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => read += n,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(LINGER, drain).await;
 }
 
 impl axum::serve::Listener for Incoming {

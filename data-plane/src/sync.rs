@@ -77,13 +77,18 @@ pub enum SyncError {
 }
 
 impl SyncError {
-    fn from_status(status: tonic::Status, opening: bool, url: &str) -> Self {
+    /// `certificate_was_required`: the control plane asked for a client
+    /// certificate this data plane does not have.
+    fn from_status(status: tonic::Status, opening: bool, url: &str, certificate_was_required: bool) -> Self {
         let code = status.code();
         // A TLS 1.3 server refuses a client certificate after the client's
         // side of the handshake is done: the alert surfaces here, under the
-        // status, as the cause of a cancelled call.
+        // status, as the cause of a cancelled call, unless the connection
+        // closed before it was read.
         let causes = std::error::Error::source(&status).map(error_chain).unwrap_or_default();
-        if let Some(hint) = transport::refused_client_certificate(&causes) {
+        let hint = transport::refused_client_certificate(&causes)
+            .or((opening && certificate_was_required).then_some(transport::CERTIFICATE_REQUIRED));
+        if let Some(hint) = hint {
             return SyncError::Tls { url: url.to_owned(), reason: format!("{causes}: {hint}") };
         }
         let message = match causes.is_empty() {
@@ -318,7 +323,14 @@ impl SyncClient {
         let mut inbound = client
             .sync(request)
             .await
-            .map_err(|status| SyncError::from_status(status, true, &self.options.control_plane))?
+            .map_err(|status| {
+                SyncError::from_status(
+                    status,
+                    true,
+                    &self.options.control_plane,
+                    self.connector.certificate_was_required(),
+                )
+            })?
             .into_inner();
         self.state.set_connected(true);
         info!(control_plane = %self.options.control_plane, node_id = %self.options.node_id, "sync stream open");
@@ -329,7 +341,7 @@ impl SyncClient {
         loop {
             tokio::select! {
                 message = inbound.message() => {
-                    let message = message.map_err(|status| SyncError::from_status(status, false, &self.options.control_plane))?;
+                    let message = message.map_err(|status| SyncError::from_status(status, false, &self.options.control_plane, false))?;
                     let Some(ControlPlaneMessage { message }) = message else { return Err(SyncError::Closed) };
                     match message {
                         Some(control_plane_message::Message::Snapshot(snapshot)) => {

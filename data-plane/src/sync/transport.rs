@@ -10,11 +10,14 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use http::Uri;
 use hyper_util::rt::TokioIo;
-use rustls::ClientConfig;
+use rustls::client::ResolvesClientCert;
+use rustls::sign::CertifiedKey;
+use rustls::{ClientConfig, SignatureScheme};
 use rustls_pki_types::ServerName;
 use sluice_proto::tls::{PemFileError, SYNC_ALPN, certificates, private_key, roots};
 use tokio::net::TcpStream;
@@ -72,6 +75,7 @@ pub enum Stream {
 #[derive(Debug, Clone)]
 pub struct Connector {
     tls: Option<Arc<SyncTls>>,
+    without_certificate: Arc<WithoutClientCertificate>,
 }
 
 impl Connector {
@@ -82,7 +86,7 @@ impl Connector {
         let uri: Uri = url.parse().map_err(|_| TransportError::Scheme(url.to_owned()))?;
         let host = uri.host().filter(|h| !h.is_empty()).ok_or_else(|| TransportError::NoHost(url.to_owned()))?;
         match uri.scheme_str() {
-            Some("https") => Ok(Self { tls: Some(Arc::new(tls)) }),
+            Some("https") => Ok(Self { tls: Some(Arc::new(tls)), without_certificate: Arc::default() }),
             Some("http") if tls != SyncTls::default() => {
                 Err(TransportError::TlsFilesWithoutHttps { url: url.to_owned() })
             }
@@ -94,10 +98,20 @@ impl Connector {
                          cross the network in clear; use an https:// control plane URL"
                     );
                 }
-                Ok(Self { tls: None })
+                Ok(Self { tls: None, without_certificate: Arc::default() })
             }
             _ => Err(TransportError::Scheme(url.to_owned())),
         }
+    }
+}
+
+impl Connector {
+    /// Whether the control plane asked, in the last handshake, for a client
+    /// certificate that this data plane does not have. Under TLS 1.3 the
+    /// refusal comes after our side of the handshake, as an alert the call
+    /// may never see (only "connection closed"); this says why regardless.
+    pub fn certificate_was_required(&self) -> bool {
+        self.without_certificate.asked.load(Ordering::Relaxed)
     }
 }
 
@@ -117,11 +131,17 @@ impl tower_service::Service<Uri> for Connector {
 
     fn call(&mut self, uri: Uri) -> Self::Future {
         let tls = self.tls.clone();
-        Box::pin(async move { connect(uri, tls.as_deref()).await.map(TokioIo::new) })
+        let without_certificate = self.without_certificate.clone();
+        without_certificate.asked.store(false, Ordering::Relaxed);
+        Box::pin(async move { connect(uri, tls.as_deref(), without_certificate).await.map(TokioIo::new) })
     }
 }
 
-async fn connect(uri: Uri, tls: Option<&SyncTls>) -> Result<Stream, TransportError> {
+async fn connect(
+    uri: Uri,
+    tls: Option<&SyncTls>,
+    without_certificate: Arc<WithoutClientCertificate>,
+) -> Result<Stream, TransportError> {
     let host = uri.host().unwrap_or_default().trim_start_matches('[').trim_end_matches(']').to_owned();
     let port = uri.port_u16().unwrap_or(if tls.is_some() { 443 } else { 80 });
     let addr = format!("{host}:{port}");
@@ -130,7 +150,7 @@ async fn connect(uri: Uri, tls: Option<&SyncTls>) -> Result<Stream, TransportErr
         .map_err(|source| TransportError::Tcp { addr: addr.clone(), source })?;
     let _ = tcp.set_nodelay(true);
     let Some(tls) = tls else { return Ok(Stream::Plain(tcp)) };
-    let config = client_config(tls)?;
+    let config = client_config(tls, without_certificate)?;
     let name = ServerName::try_from(host.clone()).map_err(|_| TransportError::ServerName(host))?;
     let stream = TlsConnector::from(Arc::new(config))
         .connect(name, tcp)
@@ -139,7 +159,10 @@ async fn connect(uri: Uri, tls: Option<&SyncTls>) -> Result<Stream, TransportErr
     Ok(Stream::Tls(Box::new(stream)))
 }
 
-fn client_config(tls: &SyncTls) -> Result<ClientConfig, TransportError> {
+fn client_config(
+    tls: &SyncTls,
+    without_certificate: Arc<WithoutClientCertificate>,
+) -> Result<ClientConfig, TransportError> {
     let roots = match &tls.control_plane_ca {
         Some(ca) => roots(ca)?,
         None => {
@@ -156,10 +179,28 @@ fn client_config(tls: &SyncTls) -> Result<ClientConfig, TransportError> {
         Some((cert, key)) => builder
             .with_client_auth_cert(certificates(cert)?, private_key(key)?)
             .map_err(|e| TransportError::ClientIdentity(format!("{} with {}: {e}", cert.display(), key.display())))?,
-        None => builder.with_no_client_auth(),
+        None => builder.with_client_cert_resolver(without_certificate),
     };
     config.alpn_protocols = vec![SYNC_ALPN.to_vec()];
     Ok(config)
+}
+
+/// Sends no client certificate, like `with_no_client_auth`, but remembers
+/// that the control plane asked for one.
+#[derive(Debug, Default)]
+struct WithoutClientCertificate {
+    asked: AtomicBool,
+}
+
+impl ResolvesClientCert for WithoutClientCertificate {
+    fn resolve(&self, _: &[&[u8]], _: &[SignatureScheme]) -> Option<Arc<CertifiedKey>> {
+        self.asked.store(true, Ordering::Relaxed);
+        None
+    }
+
+    fn has_certs(&self) -> bool {
+        false
+    }
 }
 
 /// rustls says `invalid peer certificate: UnknownIssuer`; say which setting that points at.
@@ -181,11 +222,14 @@ fn explain_handshake(error: &std::io::Error, tls: &SyncTls) -> String {
     }
 }
 
+pub const CERTIFICATE_REQUIRED: &str =
+    "the control plane requires a client certificate (mutual TLS): pass --client-cert and --client-key";
+
 /// What a TLS alert from the control plane after the handshake means, if the
 /// error text carries one about our client certificate.
 pub fn refused_client_certificate(error: &str) -> Option<&'static str> {
     if error.contains("CertificateRequired") {
-        Some("the control plane requires a client certificate (mutual TLS): pass --client-cert and --client-key")
+        Some(CERTIFICATE_REQUIRED)
     } else if ["BadCertificate", "UnknownCA", "CertificateExpired", "CertificateUnknown", "DecryptError"]
         .iter()
         .any(|alert| error.contains(alert))
