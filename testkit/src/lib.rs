@@ -23,6 +23,11 @@ use tokio::process::{Child, Command};
 /// How long a test waits for a process to start or for a condition to hold.
 pub const WAIT: Duration = Duration::from_secs(20);
 
+/// A data plane's (or `sluice standalone`'s) proxy and ops listeners on
+/// ephemeral ports; each prints the addresses it got in its first log line.
+pub const EPHEMERAL_DATA_PLANE_LISTENERS: [&str; 6] =
+    ["--http-addr", "127.0.0.1:0", "--https-addr", "127.0.0.1:0", "--ops-addr", "127.0.0.1:0"];
+
 /// A running binary whose stdout (after the address line) and stderr are
 /// collected, so a test can assert on logs and a failing test can print them.
 pub struct Process {

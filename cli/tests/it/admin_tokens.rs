@@ -23,17 +23,6 @@ fn tokens(dir: &std::path::Path, args: &[&str]) -> Result<String> {
     Ok(String::from_utf8(output.stdout)?)
 }
 
-async fn call(base: &str, token: &str, method: Method, path: &str, body: Option<Value>) -> Result<(u16, Value)> {
-    let mut request = reqwest::Client::new().request(method, format!("{base}{path}")).bearer_auth(token);
-    if let Some(body) = body {
-        request = request.json(&body);
-    }
-    let response = request.send().await?;
-    let status = response.status().as_u16();
-    let text = response.text().await?;
-    Ok((status, serde_json::from_str(&text).unwrap_or(Value::String(text))))
-}
-
 #[tokio::test]
 async fn a_read_only_token_reads_and_is_refused_on_every_write_route() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -42,6 +31,7 @@ async fn a_read_only_token_reads_and_is_refused_on_every_write_route() -> Result
     let admin = Admin::new(cp.addr("admin_addr")?);
     admin.create_upstream("u", "127.0.0.1:9001".parse()?).await?;
     let reader = tokens(dir.path(), &["create", "dashboards", "--role", "read-only"])?.trim().to_string();
+    let as_reader = Admin::with_token(cp.addr("admin_addr")?, &reader);
     ensure!(reader.len() >= 40, "a generated token: {reader:?}");
     let version = admin.latest_version().await?;
 
@@ -51,7 +41,7 @@ async fn a_read_only_token_reads_and_is_refused_on_every_write_route() -> Result
         let url = path.replace("{name}", "u").replace("{version}", "1");
         for (method, _) in item.as_object().into_iter().flatten() {
             let Ok(method) = method.to_ascii_uppercase().parse::<Method>() else { continue };
-            let (status, body) = call(&base, &reader, method.clone(), &url, Some(json!({}))).await?;
+            let (status, body) = as_reader.send(method.clone(), &url, Some(json!({}))).await?;
             let write = method != Method::GET || path.starts_with("/v1/tokens");
             let public = ["/healthz", "/readyz", "/openapi.json"].contains(&path.as_str());
             if write && !public {
@@ -83,17 +73,14 @@ async fn the_history_names_the_token_of_each_write_and_revoked_tokens_are_refuse
     admin.create_upstream("backend", "127.0.0.1:9001".parse()?).await?;
 
     let (status, created) =
-        call(&base, ADMIN_TOKEN, Method::POST, "/v1/tokens", Some(json!({ "name": "deployer", "role": "admin" })))
-            .await?;
+        admin.send(Method::POST, "/v1/tokens", Some(json!({ "name": "deployer", "role": "admin" }))).await?;
     ensure!(status == 201 && created["created_by"] == "admin-token", "{status} {created}");
     let deployer = created["token"].as_str().context("the token, once")?.to_string();
     let (status, _) =
-        call(&base, ADMIN_TOKEN, Method::POST, "/v1/tokens", Some(json!({ "name": "deployer", "role": "admin" })))
-            .await?;
+        admin.send(Method::POST, "/v1/tokens", Some(json!({ "name": "deployer", "role": "admin" }))).await?;
     ensure!(status == 409, "a second token of the same name: {status}");
     let (status, _) =
-        call(&base, ADMIN_TOKEN, Method::POST, "/v1/tokens", Some(json!({ "name": "admin-token", "role": "admin" })))
-            .await?;
+        admin.send(Method::POST, "/v1/tokens", Some(json!({ "name": "admin-token", "role": "admin" }))).await?;
     ensure!(status == 400, "the startup token's name is reserved: {status}");
 
     let config = dir.path().join("config.yaml");
@@ -119,11 +106,12 @@ async fn the_history_names_the_token_of_each_write_and_revoked_tokens_are_refuse
 
     let listed = admin.ok(Method::GET, "/v1/tokens", None).await?;
     ensure!(listed["items"][0]["name"] == "deployer" && listed["items"][0].get("token").is_none(), "{listed}");
-    let (status, _) = call(&base, ADMIN_TOKEN, Method::DELETE, "/v1/tokens/deployer", None).await?;
+    let (status, _) = admin.send(Method::DELETE, "/v1/tokens/deployer", None).await?;
     ensure!(status == 204, "revoke: {status}");
-    let (status, body) = call(&base, &deployer, Method::GET, "/v1/apis", None).await?;
+    let (status, body) =
+        Admin::with_token(cp.addr("admin_addr")?, &deployer).send(Method::GET, "/v1/apis", None).await?;
     ensure!(status == 401, "a revoked token: {status} {body}");
-    let (status, _) = call(&base, ADMIN_TOKEN, Method::DELETE, "/v1/tokens/deployer", None).await?;
+    let (status, _) = admin.send(Method::DELETE, "/v1/tokens/deployer", None).await?;
     ensure!(status == 404, "revoking twice: {status}");
     Ok(())
 }
@@ -134,7 +122,9 @@ async fn failed_authentications_are_logged_with_the_address_and_limited() -> Res
     let cp = control_plane_with(dir.path(), &[]).await?;
     let base = format!("http://{}", cp.addr("admin_addr")?);
     for attempt in 0..10 {
-        let (status, _) = call(&base, &format!("guess-{attempt}"), Method::GET, "/v1/apis", None).await?;
+        let (status, _) = Admin::with_token(cp.addr("admin_addr")?, &format!("guess-{attempt}"))
+            .send(Method::GET, "/v1/apis", None)
+            .await?;
         ensure!(status == 401, "attempt {attempt}: {status}");
     }
     cp.wait_for_log("admin API authentication failed").await?;

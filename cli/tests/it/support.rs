@@ -8,7 +8,9 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-pub use sluice_testkit::{Process, WAIT, eventually as eventually_every, metric_sum, rss_kib};
+pub use sluice_testkit::{
+    EPHEMERAL_DATA_PLANE_LISTENERS, Process, WAIT, eventually as eventually_every, metric_sum, rss_kib,
+};
 pub const ADMIN_TOKEN: &str = "e2e-admin-token";
 pub const CLUSTER_TOKEN: &str = "e2e-cluster-token";
 
@@ -94,28 +96,10 @@ pub async fn control_plane_with(dir: &std::path::Path, extra: &[&str]) -> Result
 pub async fn standalone(dir: &std::path::Path) -> Result<Process> {
     let db = format!("sqlite://{}", dir.join("sluice.db").display());
     let key = dir.join("secret.key").display().to_string();
-    spawn(
-        "sluice",
-        &[
-            "standalone",
-            "--database-url",
-            &db,
-            "--admin-addr",
-            "127.0.0.1:0",
-            "--http-addr",
-            "127.0.0.1:0",
-            "--https-addr",
-            "127.0.0.1:0",
-            "--ops-addr",
-            "127.0.0.1:0",
-            "--token",
-            ADMIN_TOKEN,
-            "--secret-key-file",
-            &key,
-            "--no-access-log",
-        ],
-    )
-    .await
+    let mut args = vec!["standalone", "--database-url", &db, "--admin-addr", "127.0.0.1:0"];
+    args.extend(EPHEMERAL_DATA_PLANE_LISTENERS);
+    args.extend(["--token", ADMIN_TOKEN, "--secret-key-file", &key, "--no-access-log"]);
+    spawn("sluice", &args).await
 }
 
 pub async fn data_plane(grpc: SocketAddr, node_id: &str) -> Result<Process> {
@@ -129,41 +113,31 @@ pub async fn data_plane_with(grpc: SocketAddr, node_id: &str, extra: &[&str]) ->
 
 /// A data plane syncing from `control_plane` (a URL), with extra flags.
 pub async fn data_plane_at(control_plane: &str, node_id: &str, extra: &[&str]) -> Result<Process> {
-    let mut args = vec![
-        "--control-plane",
-        control_plane,
-        "--cluster-token",
-        CLUSTER_TOKEN,
-        "--http-addr",
-        "127.0.0.1:0",
-        "--https-addr",
-        "127.0.0.1:0",
-        "--ops-addr",
-        "127.0.0.1:0",
-        "--node-id",
-        node_id,
-        "--heartbeat-ms",
-        "300",
-        "--access-log",
-        "off",
-    ];
+    let mut args = vec!["--control-plane", control_plane, "--cluster-token", CLUSTER_TOKEN];
+    args.extend(EPHEMERAL_DATA_PLANE_LISTENERS);
+    args.extend(["--node-id", node_id, "--heartbeat-ms", "300", "--access-log", "off"]);
     args.extend_from_slice(extra);
     spawn("sluice-dp", &args).await
 }
 
-/// The admin API with the test token.
+/// The admin API, with the test token unless told another.
 pub struct Admin {
     base: String,
+    token: String,
     http: reqwest::Client,
 }
 
 impl Admin {
     pub fn new(addr: SocketAddr) -> Self {
-        Self { base: format!("http://{addr}"), http: reqwest::Client::new() }
+        Self::with_token(addr, ADMIN_TOKEN)
+    }
+
+    pub fn with_token(addr: SocketAddr, token: &str) -> Self {
+        Self { base: format!("http://{addr}"), token: token.to_owned(), http: reqwest::Client::new() }
     }
 
     pub async fn send(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Result<(u16, Value)> {
-        let mut request = self.http.request(method, format!("{}{path}", self.base)).bearer_auth(ADMIN_TOKEN);
+        let mut request = self.http.request(method, format!("{}{path}", self.base)).bearer_auth(&self.token);
         if let Some(body) = body {
             request = request.json(&body);
         }

@@ -100,14 +100,8 @@ async fn seal_legacy(pool: &AnyPool, backend: Backend, secrets: &SecretBox) -> R
         // Pages freed from here on are zeroed, not left holding what they held.
         sqlx::query("PRAGMA secure_delete = ON").execute(&mut *tx).await?;
     }
-    let versions: Vec<i64> = sqlx::query("SELECT version FROM snapshots")
-        .fetch_all(&mut *tx)
-        .await?
-        .iter()
-        .map(|row| row.try_get("version"))
-        .collect::<Result<_, _>>()?;
+    let versions = snapshot_versions(&mut tx).await?;
     let mut sealed = 0;
-    // One at a time: a history of big snapshots never sits in memory at once.
     for version in versions {
         let row =
             sqlx::query("SELECT snapshot FROM snapshots WHERE version = $1").bind(version).fetch_one(&mut *tx).await?;
@@ -189,12 +183,7 @@ pub(super) async fn rotate(
         rotated.resources += 1;
     }
 
-    let versions: Vec<i64> = sqlx::query("SELECT version FROM snapshots")
-        .fetch_all(&mut *tx)
-        .await?
-        .iter()
-        .map(|row| row.try_get("version"))
-        .collect::<Result<_, _>>()?;
+    let versions = snapshot_versions(&mut tx).await?;
     for version in versions {
         let corrupt = |reason: String| StoreError::CorruptSnapshot { version, reason };
         let row = sqlx::query("SELECT config, snapshot FROM snapshots WHERE version = $1")
@@ -229,6 +218,13 @@ pub(super) async fn rotate(
     update_setting(&mut tx, KEY_ID_SETTING, new.key_id()).await?;
     tx.commit().await?;
     Ok(rotated)
+}
+
+/// Every stored snapshot's version: the snapshots themselves are then read
+/// one at a time, so a history of big snapshots never sits in memory at once.
+async fn snapshot_versions(conn: &mut AnyConnection) -> Result<Vec<i64>, StoreError> {
+    let rows = sqlx::query("SELECT version FROM snapshots").fetch_all(conn).await?;
+    Ok(rows.iter().map(|row| row.try_get("version")).collect::<Result<_, _>>()?)
 }
 
 async fn update_setting(conn: &mut AnyConnection, key: &str, value: &str) -> Result<(), StoreError> {

@@ -29,7 +29,7 @@ use tokio::task::JoinHandle;
 
 use crate::fake_cp::{FakeControlPlane, seal};
 use crate::gateway::Gateway;
-use crate::support::DataPlane;
+use crate::support::{DataPlane, client, send};
 
 const HMAC_KEY: &[u8] = b"cluster-api-key-hmac-key";
 const JWT_SECRET: &str = "ann-jwt-secret";
@@ -168,19 +168,6 @@ fn snapshot(upstream: &Recorder, apis: Vec<v1::Api>) -> Result<v1::Snapshot> {
     })
 }
 
-fn client() -> Result<reqwest::Client> {
-    Ok(reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?)
-}
-
-/// (status, headers, JSON body or Null).
-async fn send(req: reqwest::RequestBuilder) -> Result<(u16, reqwest::header::HeaderMap, Value)> {
-    let response = req.send().await?;
-    let status = response.status().as_u16();
-    let headers = response.headers().clone();
-    let bytes = response.bytes().await?;
-    Ok((status, headers, serde_json::from_slice(&bytes).unwrap_or(Value::Null)))
-}
-
 fn assert_problem(status: u16, headers: &reqwest::header::HeaderMap, body: &Value, want: u16, case: &str) {
     assert_eq!(status, want, "{case}: {body}");
     assert_eq!(headers.get("content-type").map(|v| v.as_bytes()), Some(&b"application/problem+json"[..]), "{case}");
@@ -195,7 +182,7 @@ async fn basic_auth_right_wrong_missing_malformed() -> Result<()> {
         vec![api("basic", "/basic", vec![Kind::BasicAuth(v1::BasicAuth::default())])],
     )?)
     .await?;
-    let c = client()?;
+    let c = client();
     let basic = |cred: &str| format!("Basic {}", STANDARD.encode(cred));
 
     let cases = [
@@ -238,7 +225,7 @@ async fn api_key_in_header_and_query() -> Result<()> {
     let upstream = Recorder::start().await?;
     let key = v1::ApiKeyAuth { header: "x-api-key".into(), query_param: "apikey".into() };
     let gw = Gateway::start(&snapshot(&upstream, vec![api("keys", "/keys", vec![Kind::ApiKey(key)])])?).await?;
-    let c = client()?;
+    let c = client();
 
     let (status, _, _) = send(c.get(gw.url("/keys/a")).header("x-api-key", "ann-api-key")).await?;
     assert_eq!(status, 200);
@@ -268,7 +255,7 @@ async fn jwt_valid_expired_bad_signature_audience_and_alg_none() -> Result<()> {
     let upstream = Recorder::start().await?;
     let spec = v1::JwtAuth { audiences: vec!["shop".into()], leeway_seconds: 5, ..Default::default() };
     let gw = Gateway::start(&snapshot(&upstream, vec![api("jwt", "/jwt", vec![Kind::Jwt(spec)])])?).await?;
-    let c = client()?;
+    let c = client();
     let now = jsonwebtoken::get_current_timestamp();
     let sign = |claims: Value, secret: &str| -> Result<String> {
         Ok(jsonwebtoken::encode(
@@ -329,7 +316,7 @@ async fn cors_preflight_is_answered_before_auth_and_headers_reach_responses() ->
     let mut cors_api = api("cors", "/cors", vec![Kind::BasicAuth(v1::BasicAuth::default()), Kind::Cors(cors)]);
     cors_api.methods = vec!["GET".into(), "POST".into()];
     let gw = Gateway::start(&snapshot(&upstream, vec![cors_api])?).await?;
-    let c = client()?;
+    let c = client();
 
     let preflight = c
         .request(reqwest::Method::OPTIONS, gw.url("/cors/items"))
@@ -386,7 +373,7 @@ async fn header_rules_both_directions() -> Result<()> {
         }),
     };
     let gw = Gateway::start(&snapshot(&upstream, vec![api("hdr", "/hdr", vec![Kind::Headers(rules)])])?).await?;
-    let req = client()?
+    let req = client()
         .get(gw.url("/hdr/a"))
         .header("x-env", "dev")
         .header("x-tag", "client")
@@ -421,7 +408,7 @@ async fn ip_restriction_allow_and_deny() -> Result<()> {
         api("elsewhere", "/elsewhere", vec![Kind::IpRestriction(elsewhere)]),
     ];
     let gw = Gateway::start(&snapshot(&upstream, apis)?).await?;
-    let c = client()?;
+    let c = client();
     let (status, _, _) = send(c.get(gw.url("/allow/a"))).await?;
     assert_eq!(status, 200);
     for path in ["/deny/a", "/elsewhere/a"] {
@@ -439,7 +426,7 @@ async fn request_size_limit_by_content_length_and_while_streaming() -> Result<()
     let limit = v1::RequestSizeLimit { max_bytes: 16 };
     let gw = Gateway::start(&snapshot(&upstream, vec![api("small", "/small", vec![Kind::RequestSizeLimit(limit)])])?)
         .await?;
-    let c = client()?;
+    let c = client();
 
     let (status, _, _) = send(c.post(gw.url("/small/a")).body("sixteen bytes!!!")).await?;
     assert_eq!(status, 200);
@@ -515,7 +502,7 @@ async fn fixed_order_whatever_the_list_says() -> Result<()> {
         Kind::IpRestriction(v1::IpRestriction { allow: vec!["127.0.0.1".into()], deny: vec![] }),
     ];
     let gw = Gateway::start(&snapshot(&upstream, vec![api("ordered", "/ordered", policies)])?).await?;
-    let c = client()?;
+    let c = client();
 
     for _ in 0..5 {
         let (status, headers, _) = send(c.get(gw.url("/ordered/a"))).await?;
@@ -551,7 +538,7 @@ async fn access_log_and_metrics_name_the_consumer() -> Result<()> {
     conn.push(seal(s)).await?;
     conn.ack().await?;
 
-    let c = client()?;
+    let c = client();
     // Twice: the first request registers the consumer's counter, the second reuses it.
     for _ in 0..2 {
         let (status, _, _) = send(c.get(dp.url("/ok")).basic_auth("ann", Some("open sesame"))).await?;

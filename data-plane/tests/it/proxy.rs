@@ -23,7 +23,7 @@ use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::gateway::Gateway;
-use crate::support::{client as ops_client, metric_sum};
+use crate::support::{client, metric_sum, send};
 
 /// A relay for one connection to `target` that passes on the client's first
 /// `first` bytes alone, pauses, then relays the rest both ways.
@@ -160,20 +160,6 @@ fn snapshot(version: u64, apis: Vec<v1::Api>, upstreams: Vec<v1::Upstream>) -> v
     v1::Snapshot { version, apis, upstreams, ..Default::default() }
 }
 
-fn client() -> Result<reqwest::Client> {
-    Ok(reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?)
-}
-
-/// Sends a request and returns (status, headers, JSON body).
-async fn send(req: reqwest::RequestBuilder) -> Result<(u16, reqwest::header::HeaderMap, Value)> {
-    let response = req.send().await?;
-    let status = response.status().as_u16();
-    let headers = response.headers().clone();
-    let bytes = response.bytes().await?;
-    let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    Ok((status, headers, body))
-}
-
 #[tokio::test]
 async fn routes_by_host_path_and_method_with_problem_details() -> Result<()> {
     let a = Upstream::start("a").await?;
@@ -193,7 +179,7 @@ async fn routes_by_host_path_and_method_with_problem_details() -> Result<()> {
         vec![upstream("ua", &[&a]), upstream("ub", &[&b])],
     );
     let proxy = Gateway::start(&s).await?;
-    let c = client()?;
+    let c = client();
 
     let (status, _, body) = send(c.get(proxy.url("/shop/products?q=1")).header("x-forwarded-for", "1.2.3.4")).await?;
     assert_eq!(status, 200);
@@ -265,7 +251,7 @@ async fn round_robin_spreads_and_health_checks_eject_and_readmit() -> Result<()>
     });
     let s = snapshot(1, vec![api("all", "/", "u")], vec![pool]);
     let proxy = Gateway::start(&s).await?;
-    let c = client()?;
+    let c = client();
 
     let mut counts: HashMap<String, usize> = HashMap::new();
     for _ in 0..30 {
@@ -327,7 +313,7 @@ async fn upstream_failures_map_to_502_503_504_quickly() -> Result<()> {
         vec![dead, upstream("slow", &[&slow])],
     );
     let proxy = Gateway::start(&s).await?;
-    let c = client()?;
+    let c = client();
 
     let started = Instant::now();
     let (status, headers, body) = send(c.get(proxy.url("/dead/x"))).await?;
@@ -357,9 +343,9 @@ async fn snapshot_swaps_under_load_drop_nothing_and_in_flight_finishes_on_old_ta
         snapshot(version, apis, vec![upstream("u", &[&a, &b])])
     };
     let proxy = Gateway::start(&build(1, true)).await?;
-    let c = client()?;
+    let c = client();
     let swaps = || async {
-        let metrics = ops_client().get(format!("http://{}/metrics", proxy.ops)).send().await?.text().await?;
+        let metrics = client().get(format!("http://{}/metrics", proxy.ops)).send().await?.text().await?;
         Ok::<_, anyhow::Error>(metric_sum(&metrics, "sluice_snapshot_swaps_total").unwrap_or(0.0))
     };
     let swaps_before = swaps().await?;
@@ -427,7 +413,7 @@ async fn upgrade_is_tunnelled_and_shutdown_is_graceful() -> Result<()> {
     assert_eq!(&echoed, b"ping through the tunnel");
 
     // A slow request in flight when shutdown starts still completes.
-    let c = client()?;
+    let c = client();
     let slow = tokio::spawn(send(c.get(proxy.url("/slow"))));
     slow_request_arrived(&[&a]).await?;
     let addr = proxy.http;
@@ -510,7 +496,7 @@ async fn upstream_connections_are_reused_and_ones_closed_by_the_upstream_replace
     let target = v1::Target { url: format!("http://{}", up.addr), weight: 1 };
     let u = v1::Upstream { name: "u".into(), targets: vec![target], ..Default::default() };
     let proxy = Gateway::start(&snapshot(1, vec![api("a", "/", "u")], vec![u])).await?;
-    let c = client()?;
+    let c = client();
 
     // One request after another: one upstream connection carries them all,
     // bodies both ways included.
@@ -591,7 +577,7 @@ async fn a_request_without_a_response_is_retried_only_when_it_may_be_sent_again(
     let u = v1::Upstream { name: "u".into(), targets: vec![target], ..Default::default() };
     let apis = vec![v1::Api { retries: 1, ..api("retry", "/retry", "u") }, api("once", "/once", "u")];
     let proxy = Gateway::start(&snapshot(1, apis, vec![u])).await?;
-    let c = client()?;
+    let c = client();
 
     // The target closes the connection instead of answering: a GET with
     // retries allowed goes again and gets the answer.
@@ -622,7 +608,7 @@ async fn a_connection_is_not_reused_past_the_keep_alive_timeout_the_upstream_ann
     let target = v1::Target { url: format!("http://{addr}"), weight: 1 };
     let u = v1::Upstream { name: "u".into(), targets: vec![target], ..Default::default() };
     let proxy = Gateway::start(&snapshot(1, vec![api("a", "/", "u")], vec![u])).await?;
-    let c = client()?;
+    let c = client();
 
     for _ in 0..3 {
         assert_eq!(c.get(proxy.url("/x")).send().await?.status(), 200);
@@ -692,7 +678,7 @@ async fn idle_client_connections_are_closed_but_slow_requests_are_not() -> Resul
     assert!(closed >= margin, "closed after {closed:?}, before the timeout");
 
     // A connection in use keeps being served.
-    let c = client()?;
+    let c = client();
     for _ in 0..3 {
         assert_eq!(c.get(proxy.url("/shop/x")).send().await?.status(), 200);
         tokio::time::sleep(Duration::from_millis(200)).await;

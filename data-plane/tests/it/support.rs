@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-pub use sluice_testkit::{Process, WAIT, eventually, metric_sum};
+pub use sluice_testkit::{EPHEMERAL_DATA_PLANE_LISTENERS, Process, WAIT, eventually, metric_sum};
 
 /// Data-plane tests read its debug logs.
 const LOG_LEVEL: (&str, &str) = ("RUST_LOG", "info,sluice_data_plane=debug");
@@ -49,20 +49,9 @@ impl DataPlane {
     /// Starts a data plane against `control_plane` with fast heartbeats; extra
     /// flags are appended.
     pub async fn start(control_plane: &str, extra: &[&str]) -> Result<Self> {
-        let mut args = vec![
-            "--control-plane",
-            control_plane,
-            "--http-addr",
-            "127.0.0.1:0",
-            "--https-addr",
-            "127.0.0.1:0",
-            "--ops-addr",
-            "127.0.0.1:0",
-            "--heartbeat-ms",
-            "200",
-            "--shutdown-grace-secs",
-            "5",
-        ];
+        let mut args = vec!["--control-plane", control_plane];
+        args.extend(EPHEMERAL_DATA_PLANE_LISTENERS);
+        args.extend(["--heartbeat-ms", "200", "--shutdown-grace-secs", "5"]);
         args.extend_from_slice(extra);
         let process = Process::spawn(env!("CARGO_BIN_EXE_sluice-dp"), &args, &[LOG_LEVEL]).await?;
         let http_addr = process.addr("http_addr")?;
@@ -108,6 +97,15 @@ impl DataPlane {
 /// A client that ignores any proxy set in the environment: tests talk to 127.0.0.1 directly.
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(30)).build().unwrap_or_default()
+}
+
+/// Sends `request`: (status, headers, JSON body or Null).
+pub async fn send(request: reqwest::RequestBuilder) -> Result<(u16, reqwest::header::HeaderMap, serde_json::Value)> {
+    let response = request.send().await?;
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let bytes = response.bytes().await?;
+    Ok((status, headers, serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null)))
 }
 
 /// An address nothing listens on (bound, then released).
