@@ -59,6 +59,11 @@ pub struct Api {
     pub strip_prefix: bool,
     #[serde(default, skip_serializing_if = "is_false")]
     pub preserve_host: bool,
+    /// Forward the path as the client sent it (encoded `/` and `\` allowed)
+    /// instead of its canonical form; routing and policies still see the
+    /// canonical form. Not with `strip_prefix`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub forward_raw_path: bool,
     /// Name of the upstream requests are forwarded to. May be left out when
     /// `openapi` binds a spec: the API then forwards to the spec's first
     /// server, and a `/` path prefix becomes the server's base path.

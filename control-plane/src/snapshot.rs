@@ -141,6 +141,7 @@ fn api(api: &model::Api, specs: &BTreeMap<&str, ParsedSpec>, upstreams: &mut Vec
         methods: api.methods.clone(),
         strip_prefix: api.strip_prefix,
         preserve_host: api.preserve_host,
+        forward_raw_path: api.forward_raw_path,
         upstream: upstream_name,
         policies: api.policies.iter().map(policy).collect(),
         openapi: api.openapi.as_ref().map(|o| v1::OpenApiBinding {

@@ -251,32 +251,12 @@ fn display_pointer(pointer: &str) -> String {
 
 /// A `$ref` fragment is a JSON pointer that is also URI-encoded (`#/paths/~1items~1%7Bid%7D`).
 fn resolve_fragment<'a>(root: &'a Value, fragment: &str) -> Option<&'a Value> {
-    let decoded = percent_decode(fragment)?;
+    let decoded = sluice_proto::path::percent_decode_exact(fragment)?;
     if decoded.is_empty() {
         return Some(root);
     }
     // A `$ref` to `#/` with a trailing slash points at the empty key, which serde_json's pointer handles.
     root.pointer(&decoded)
-}
-
-fn percent_decode(input: &str) -> Option<String> {
-    if !input.contains('%') {
-        return Some(input.to_owned());
-    }
-    let bytes = input.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = input.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 /// The server URL with each `{variable}` replaced by its default.

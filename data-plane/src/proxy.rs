@@ -1,6 +1,6 @@
 //! The proxy listeners, the data plane's request path from accept to response:
 //! accept (plain, or TLS with the certificate picked by SNI) -> HTTP/1.1 or
-//! HTTP/2 -> load the routing table once -> route match -> the API's policy
+//! HTTP/2 -> load the routing table once -> the canonical path -> route match -> the API's policy
 //! chain (`policy`) around the forward to an upstream target -> access log
 //! and metrics. Graceful: on shutdown it stops accepting and lets open
 //! connections finish.
@@ -18,9 +18,11 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http::uri::PathAndQuery;
+use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, header};
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
+use sluice_proto::path::{PathError, canonical_path};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio_rustls::TlsAcceptor;
@@ -228,12 +230,20 @@ fn route_and_forward<'a>(
         // on this table even if a newer one is swapped in meanwhile.
         let table = shared.tables.load().ok_or(ProxyError::NotReady)?;
         exchange.table = Some(table.clone());
+        // Before routing: routing, policies, validation, the access log and the
+        // upstream all see this one path.
+        let mut request = request;
+        let canonical = canonicalize_path(&mut request, exchange)?;
         // HTTP/2 and absolute-form requests carry the host in the URI; HTTP/1.1 in Host.
         let host = match request.uri().host() {
             Some(host) => Some(host),
             None => request.headers().get(header::HOST).and_then(|h| h.to_str().ok()),
         };
-        let api = match table.route(host, request.uri().path(), request.method()) {
+        let routed = table.route(host, request.uri().path(), request.method());
+        if canonical.encoded_separator && !routed.as_ref().is_ok_and(|api| api.forward_raw_path) {
+            return Err(PathError::EncodedSeparator.into());
+        }
+        let api = match routed {
             Ok(api) => api.clone(),
             Err(RouteMiss::NotFound) => {
                 return Err(ProxyError::NoRoute {
@@ -252,6 +262,7 @@ fn route_and_forward<'a>(
                 }
             },
         };
+        let raw_path = canonical.raw.filter(|_| api.forward_raw_path);
         exchange.api = Some(api.clone());
         // From here the body may be wrapped by policies (size limit, buffering), which must be able to fail it.
         let request = request.map(|body| body.map_err(Into::into).boxed());
@@ -262,13 +273,43 @@ fn route_and_forward<'a>(
             let exchange = &mut *exchange;
             api.policies
                 .apply(request, &path, peer.ip, &mut consumer, move |request| {
-                    forward::forward(api, request, peer, options, exchange)
+                    forward::forward(api, request, raw_path, peer, options, exchange)
                 })
                 .await
         };
         exchange.consumer = consumer;
         result
     }
+}
+
+/// What canonicalising the request path found.
+struct Canonicalized {
+    /// The client's path and query, when the request now carries another path.
+    raw: Option<PathAndQuery>,
+    /// The path holds an encoded `/` or `\`: refused unless the API forwards raw paths.
+    encoded_separator: bool,
+}
+
+/// Puts the canonical form of the request's path in its URI (and in the
+/// exchange, for the access log and problem details). A path that already is
+/// canonical, the usual case, is left alone without allocating.
+fn canonicalize_path(request: &mut Request<Incoming>, exchange: &mut Exchange) -> Result<Canonicalized, ProxyError> {
+    let canonical = canonical_path(request.uri().path())?;
+    let encoded_separator = canonical.encoded_separator;
+    if !canonical.changed() {
+        return Ok(Canonicalized { raw: None, encoded_separator });
+    }
+    let path = canonical.path.into_owned();
+    exchange.path = path.as_str().into();
+    let path_and_query = match request.uri().query() {
+        Some(query) => format!("{path}?{query}"),
+        None => path,
+    };
+    let mut parts = request.uri().clone().into_parts();
+    let canonical = PathAndQuery::try_from(path_and_query).map_err(|e| ProxyError::BadRequest(e.to_string()))?;
+    let raw = parts.path_and_query.replace(canonical);
+    *request.uri_mut() = Uri::from_parts(parts).map_err(|e| ProxyError::BadRequest(e.to_string()))?;
+    Ok(Canonicalized { raw, encoded_separator })
 }
 
 /// A CORS preflight is an OPTIONS request about another method, which the

@@ -55,6 +55,8 @@ pub struct CompiledApi {
     pub prefix: String,
     pub strip_prefix: bool,
     pub preserve_host: bool,
+    /// Forward the client's path as sent, not its canonical form (see `sluice_proto::path`).
+    pub forward_raw_path: bool,
     pub upstream: Arc<UpstreamPool>,
     /// Time allowed to open a connection to a target.
     pub connect_timeout: Duration,
@@ -143,6 +145,7 @@ pub fn compile(
             prefix: api.path_prefix.trim_end_matches('/').to_string(),
             strip_prefix: api.strip_prefix,
             preserve_host: api.preserve_host,
+            forward_raw_path: api.forward_raw_path,
             connect_timeout: millis_or(api.connect_timeout_ms, DEFAULT_CONNECT_TIMEOUT),
             upstream,
             request_timeout: millis_or(api.request_timeout_ms, DEFAULT_REQUEST_TIMEOUT),

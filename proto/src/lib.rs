@@ -1,9 +1,12 @@
 //! The contract between Sluice's control plane and data planes: the snapshot
 //! types and the sync service (generated from `proto/sluice.proto`), the hash
-//! that identifies a snapshot's content, and the structural validation both
-//! planes run before they accept a snapshot.
+//! that identifies a snapshot's content, the structural validation both
+//! planes run before they accept a snapshot, and the request-path rules
+//! (canonical form, percent-decoding) both planes apply.
 
 mod canonical;
+pub mod host;
+pub mod path;
 pub mod tls;
 mod validate;
 

@@ -8,6 +8,7 @@ use std::borrow::Cow;
 use std::fmt;
 use std::net::IpAddr;
 
+use crate::path;
 use crate::v1::{
     Api, Balance, Certificate, Consumer, HashSource, Policy, RateLimitKey, Snapshot, Upstream, policy::Kind,
 };
@@ -107,11 +108,14 @@ fn check_api(v: &mut Violations, api: &Api, upstreams: &HashSet<&str>, specs: &H
             v.push(format!("{}/{i}", at("hosts")), message);
         }
     }
-    if let Err(message) = check_path(&api.path_prefix, false) {
+    if let Err(message) = check_path(&api.path_prefix, false).and_then(|()| path::check_canonical(&api.path_prefix)) {
         v.push(at("path_prefix"), message);
     }
+    if api.forward_raw_path && api.strip_prefix {
+        v.push(at("forward_raw_path"), "cannot be combined with strip_prefix, which rewrites the canonical path");
+    }
     for (i, path) in api.paths.iter().enumerate() {
-        if let Err(message) = check_path(path, true) {
+        if let Err(message) = check_path(path, true).and_then(|()| path::check_canonical(path)) {
             v.push(format!("{}/{i}", at("paths")), message);
         } else if !path.starts_with(api.path_prefix.trim_end_matches('/')) {
             v.push(format!("{}/{i}", at("paths")), format!("must lie under path_prefix `{}`", api.path_prefix));

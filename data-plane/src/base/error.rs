@@ -28,6 +28,8 @@ pub enum ProxyError {
     MethodNotAllowed { method: String, path: String, allow: Vec<String> },
     #[error("the request target is invalid: {0}")]
     BadRequest(String),
+    #[error("the request path is refused: {0}")]
+    InvalidPath(#[from] sluice_proto::path::PathError),
     #[error("upstream `{upstream}` has no healthy target")]
     NoHealthyTarget { upstream: String },
     #[error("cannot connect to upstream target {target}: {reason}")]
@@ -43,9 +45,10 @@ pub enum ProxyError {
 impl ProxyError {
     pub fn origin(&self) -> Origin {
         match self {
-            ProxyError::NoRoute { .. } | ProxyError::MethodNotAllowed { .. } | ProxyError::BadRequest(_) => {
-                Origin::Client
-            }
+            ProxyError::NoRoute { .. }
+            | ProxyError::MethodNotAllowed { .. }
+            | ProxyError::BadRequest(_)
+            | ProxyError::InvalidPath(_) => Origin::Client,
             ProxyError::NoHealthyTarget { .. }
             | ProxyError::Connect { .. }
             | ProxyError::Timeout { .. }
@@ -58,7 +61,7 @@ impl ProxyError {
         match self {
             ProxyError::NoRoute { .. } => StatusCode::NOT_FOUND,
             ProxyError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
-            ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ProxyError::BadRequest(_) | ProxyError::InvalidPath(_) => StatusCode::BAD_REQUEST,
             ProxyError::NotReady | ProxyError::NoHealthyTarget { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::Connect { .. } | ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -78,6 +81,7 @@ impl ProxyError {
                 ("method-not-allowed", "Method not allowed", format!("{self}; allowed: {}", allow.join(", ")))
             }
             ProxyError::BadRequest(_) => ("bad-request", "Bad request", self.to_string()),
+            ProxyError::InvalidPath(_) => ("invalid-path", "Invalid request path", self.to_string()),
             ProxyError::NoHealthyTarget { .. } => (
                 "upstream-unavailable",
                 "Upstream unavailable",

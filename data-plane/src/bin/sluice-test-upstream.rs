@@ -8,6 +8,9 @@
 //! * `?discard_body=1` or `x-echo-discard-body: 1`: count the body instead of echoing it (large uploads);
 //! * `GET /bytes/N`: stream N bytes back (large downloads);
 //! * `GET /health`: 200, for health checks.
+//! * `GET /__received`: `{"count": N}`, the number of requests answered so far
+//!   (the two paths here excepted), so a test can tell that a request the
+//!   gateway refused never arrived.
 //!
 //! HTTP/1.1 and h2c (prior knowledge) on one port. Prints `{"addr":"..."}` on stdout once bound.
 //! With `--tls-cert FILE --tls-key FILE` (PEM) it speaks HTTPS instead (HTTP/1.1 by ALPN), for
@@ -17,6 +20,7 @@ use std::convert::Infallible;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -48,6 +52,9 @@ struct Args {
 }
 
 type Body = BoxBody<Bytes, std::io::Error>;
+
+/// Requests answered, `/health` and `/__received` left out.
+static RECEIVED: AtomicU64 = AtomicU64::new(0);
 
 const CHUNK: usize = 64 * 1024;
 static ZEROES: [u8; CHUNK] = [0; CHUNK];
@@ -129,6 +136,11 @@ async fn handle(req: Request<Incoming>, name: Arc<str>) -> Result<Response<Body>
     if path == "/health" {
         return Ok(respond(StatusCode::OK, "text/plain", Bytes::from_static(b"ok\n")));
     }
+    if path == "/__received" {
+        let count = json!({ "count": RECEIVED.load(Ordering::Relaxed) });
+        return Ok(respond(StatusCode::OK, "application/json", Bytes::from(count.to_string())));
+    }
+    RECEIVED.fetch_add(1, Ordering::Relaxed);
 
     let status = query_param(&query, "status")
         .or_else(|| header_str(&parts.headers, "x-echo-status"))

@@ -79,7 +79,7 @@ pub(super) fn resolve<'a>(
                 reason: "only references inside the document are supported".into(),
             });
         };
-        let target = super::params::percent_decode(target, false).into_owned();
+        let target = sluice_proto::path::percent_decode(target, false).into_owned();
         value = doc.pointer(&target).ok_or_else(|| SpecError::Ref {
             reference: reference.to_owned(),
             reason: "nothing at that location".into(),

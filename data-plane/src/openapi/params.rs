@@ -10,6 +10,7 @@ use http::HeaderMap;
 use http::header::HeaderName;
 use jsonschema::Validator;
 use serde_json::Value;
+use sluice_proto::path::percent_decode;
 
 use super::SpecError;
 use super::document::escape;
@@ -238,58 +239,9 @@ fn parse_query(query: &str) -> Vec<(Cow<'_, str>, Cow<'_, str>)> {
         .collect()
 }
 
-/// Percent-decoding (and `+` as space in query strings); malformed escapes
-/// stay as they are and bad UTF-8 becomes U+FFFD, so the schema judges the
-/// value instead of the decoder rejecting it.
-pub(super) fn percent_decode(text: &str, plus_as_space: bool) -> Cow<'_, str> {
-    if !(text.contains('%') || (plus_as_space && text.contains('+'))) {
-        return Cow::Borrowed(text);
-    }
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => match (bytes.get(i + 1).and_then(hex), bytes.get(i + 2).and_then(hex)) {
-                (Some(hi), Some(lo)) => {
-                    out.push((hi << 4) | lo);
-                    i += 3;
-                    continue;
-                }
-                _ => out.push(b'%'),
-            },
-            b'+' if plus_as_space => out.push(b' '),
-            byte => out.push(byte),
-        }
-        i += 1;
-    }
-    Cow::Owned(String::from_utf8_lossy(&out).into_owned())
-}
-
-fn hex(byte: &u8) -> Option<u8> {
-    (*byte as char).to_digit(16).map(|d| d as u8)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn percent_decode_table() {
-        let cases = [
-            ("abc", false, "abc"),
-            ("a%20b", false, "a b"),
-            ("a+b", true, "a b"),
-            ("a+b", false, "a+b"),
-            ("2024-05-16T16:17:00%2b02:00", true, "2024-05-16T16:17:00+02:00"),
-            ("100%", false, "100%"),
-            ("%zz", false, "%zz"),
-            ("%C3%A4", false, "ä"),
-        ];
-        for (input, plus, expected) in cases {
-            assert_eq!(percent_decode(input, plus), expected, "{input}");
-        }
-    }
 
     #[test]
     fn parse_query_table() {

@@ -65,7 +65,7 @@ fn canonical_pointer(doc: &Value, pointer: &str) -> String {
     for _ in 0..32 {
         let Some(Value::Object(schema)) = doc.pointer(&current) else { break };
         let target = match (schema.len(), schema.get("$ref").and_then(Value::as_str)) {
-            (1, Some(r)) => r.strip_prefix('#').map(|t| super::params::percent_decode(t, false).into_owned()),
+            (1, Some(r)) => r.strip_prefix('#').map(|t| sluice_proto::path::percent_decode(t, false).into_owned()),
             _ => None,
         };
         match target {
@@ -148,7 +148,7 @@ impl Types {
             return;
         }
         if let Some(target) = schema.get("$ref").and_then(Value::as_str).and_then(|r| r.strip_prefix('#'))
-            && let Some(resolved) = doc.pointer(&super::params::percent_decode(target, false))
+            && let Some(resolved) = doc.pointer(&sluice_proto::path::percent_decode(target, false))
         {
             self.add(doc, resolved, depth + 1);
         }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use hmac::{Hmac, Mac as _};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use sha2::Sha256;
+use sluice_proto::path::percent_decode;
 use sluice_proto::v1;
 
 #[derive(Debug)]
@@ -90,7 +91,7 @@ impl ApiKeyAuth {
 pub fn query_pairs(query: &str) -> impl Iterator<Item = (Cow<'_, str>, Cow<'_, str>)> {
     query.split('&').filter(|p| !p.is_empty()).map(|pair| {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        (percent_decode(name), percent_decode(value))
+        (percent_decode(name, true), percent_decode(value, true))
     })
 }
 
@@ -99,37 +100,9 @@ pub fn remove_query_param(query: &str, param: &str) -> Option<String> {
     let kept: Vec<&str> = query
         .split('&')
         .filter(|pair| !pair.is_empty())
-        .filter(|pair| percent_decode(pair.split_once('=').map_or(*pair, |(n, _)| n)) != param)
+        .filter(|pair| percent_decode(pair.split_once('=').map_or(*pair, |(n, _)| n), true) != param)
         .collect();
     (!kept.is_empty()).then(|| kept.join("&"))
-}
-
-fn percent_decode(text: &str) -> Cow<'_, str> {
-    if !text.contains(['%', '+']) {
-        return Cow::Borrowed(text);
-    }
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len() => match (hex_digit(bytes[i + 1]), hex_digit(bytes[i + 2])) {
-                (Some(high), Some(low)) => {
-                    out.push(high << 4 | low);
-                    i += 2;
-                }
-                _ => out.push(b'%'),
-            },
-            byte => out.push(byte),
-        }
-        i += 1;
-    }
-    Cow::Owned(String::from_utf8_lossy(&out).into_owned())
-}
-
-fn hex_digit(byte: u8) -> Option<u8> {
-    char::from(byte).to_digit(16).and_then(|d| u8::try_from(d).ok())
 }
 
 #[cfg(test)]
@@ -201,15 +174,6 @@ mod tests {
         ];
         for (query, want) in cases {
             assert_eq!(remove_query_param(query, "apikey").as_deref(), want, "{query}");
-        }
-    }
-
-    #[test]
-    fn percent_decode_table() {
-        let cases =
-            [("a%20b", "a b"), ("a+b", "a b"), ("100%", "100%"), ("%zz", "%zz"), ("%4", "%4"), ("plain", "plain")];
-        for (input, want) in cases {
-            assert_eq!(percent_decode(input), want, "{input}");
         }
     }
 }

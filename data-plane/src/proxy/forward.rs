@@ -40,11 +40,12 @@ const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host")
 pub(super) fn forward<'a>(
     api: &'a CompiledApi,
     request: Request<RequestBody>,
+    raw_path: Option<PathAndQuery>,
     peer: &'a Peer,
     options: &'a ProxyOptions,
     exchange: &'a mut Exchange,
 ) -> impl Future<Output = Result<Response<ProxyBody>, ProxyError>> + 'a {
-    match Outgoing::rewrite(api, request, peer, options) {
+    match Outgoing::rewrite(api, request, raw_path, peer, options) {
         Ok(outgoing) => Either::Left(send(api, outgoing, peer, exchange)),
         Err(error) => Either::Right(std::future::ready(Err(error))),
     }
@@ -65,9 +66,12 @@ struct Outgoing {
 }
 
 impl Outgoing {
+    /// `raw_path` is the client's path as sent, for an API that forwards it
+    /// instead of the canonical one (the request's own URI).
     fn rewrite(
         api: &CompiledApi,
         mut request: Request<RequestBody>,
+        raw_path: Option<PathAndQuery>,
         peer: &Peer,
         options: &ProxyOptions,
     ) -> Result<Self, ProxyError> {
@@ -80,7 +84,11 @@ impl Outgoing {
             Some(authority) => HeaderValue::from_str(authority.as_str()).ok(),
             None => parts.headers.get(header::HOST).cloned(),
         };
-        let path_and_query = upstream_path(&api.prefix, api.strip_prefix, &parts.uri)?;
+        let path_and_query = match raw_path {
+            // The query as the policies left it (an API key may have been taken out).
+            Some(raw) => with_query(raw.path(), parts.uri.query())?,
+            None => upstream_path(&api.prefix, api.strip_prefix, &parts.uri)?,
+        };
         let mut headers = parts.headers;
         strip_hop_by_hop(&mut headers);
         if let Some(protocol) = upgrade {
@@ -262,6 +270,14 @@ fn upstream_path(prefix: &str, strip: bool, uri: &Uri) -> Result<PathAndQuery, P
     let rest = original.strip_prefix(prefix).unwrap_or(original);
     let rewritten = if rest.starts_with('/') { rest.to_string() } else { format!("/{rest}") };
     PathAndQuery::try_from(rewritten).map_err(|e| ProxyError::BadRequest(format!("cannot rewrite path: {e}")))
+}
+
+fn with_query(path: &str, query: Option<&str>) -> Result<PathAndQuery, ProxyError> {
+    let joined = match query {
+        Some(query) => format!("{path}?{query}"),
+        None => path.to_string(),
+    };
+    PathAndQuery::try_from(joined).map_err(|e| ProxyError::BadRequest(format!("cannot rewrite path: {e}")))
 }
 
 /// `Some(protocol)` when the client asks to switch protocols (WebSocket).

@@ -5,8 +5,10 @@
 
 mod fake_cp;
 mod gateway;
+mod raw_http;
 mod support;
 
+mod hostile_paths;
 mod lifecycle;
 mod openapi;
 mod policies;

@@ -1,0 +1,133 @@
+//! Request hosts as a data plane routes them (and as the control plane
+//! stores an API's hosts): lower case, one trailing dot removed (an absolute
+//! DNS name is the same host), the port checked and set aside. A host that
+//! is not a valid name or address has no canonical form; the data plane
+//! answers 400 rather than let it fall through to an API for any host.
+
+use std::borrow::Cow;
+
+/// Why a `Host` (or `:authority`) value has no canonical form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum HostError {
+    #[error("the host is empty")]
+    Empty,
+    #[error("the port is not a number from 0 to 65535")]
+    BadPort,
+    #[error("the host is not a valid name or address")]
+    BadName,
+}
+
+/// A host in canonical form, its port (if one was given) set aside.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CanonicalHost<'a> {
+    /// Lower case, no trailing dot; an IPv6 address keeps its brackets.
+    /// Borrowed unless the client wrote upper case.
+    pub name: Cow<'a, str>,
+    pub port: Option<u16>,
+}
+
+/// Longest DNS name (RFC 1035), and so the longest host we route.
+const MAX_NAME_LEN: usize = 253;
+
+/// The canonical form of a `Host` header or URI authority (`name[:port]`).
+pub fn canonical_host(raw: &str) -> Result<CanonicalHost<'_>, HostError> {
+    if raw.is_empty() {
+        return Err(HostError::Empty);
+    }
+    let (name, port) = split_port(raw)?;
+    if name.starts_with('[') {
+        return ipv6_literal(name).map(|name| CanonicalHost { name: Cow::Borrowed(name), port });
+    }
+    let name = name.strip_suffix('.').unwrap_or(name);
+    if name.is_empty() || name.len() > MAX_NAME_LEN {
+        return Err(HostError::BadName);
+    }
+    // Labels of letters, digits, `-` and `_` (found in internal names), none empty.
+    let valid = name
+        .split('.')
+        .all(|label| !label.is_empty() && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
+    if !valid {
+        return Err(HostError::BadName);
+    }
+    let name = if name.bytes().any(|b| b.is_ascii_uppercase()) {
+        Cow::Owned(name.to_ascii_lowercase())
+    } else {
+        Cow::Borrowed(name)
+    };
+    Ok(CanonicalHost { name, port })
+}
+
+/// `name:port` -> (`name`, port); an IPv6 literal's colons are its own.
+fn split_port(raw: &str) -> Result<(&str, Option<u16>), HostError> {
+    let colon = if raw.starts_with('[') {
+        let end = raw.find(']').ok_or(HostError::BadName)?;
+        match &raw[end + 1..] {
+            "" => None,
+            rest if rest.starts_with(':') => Some(end + 1),
+            _ => return Err(HostError::BadName),
+        }
+    } else {
+        raw.rfind(':')
+    };
+    let Some(colon) = colon else { return Ok((raw, None)) };
+    let digits = &raw[colon + 1..];
+    if digits.is_empty() || digits.len() > 5 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(HostError::BadPort);
+    }
+    let port = digits.parse::<u16>().map_err(|_| HostError::BadPort)?;
+    Ok((&raw[..colon], Some(port)))
+}
+
+fn ipv6_literal(name: &str) -> Result<&str, HostError> {
+    let inner = name.strip_prefix('[').and_then(|n| n.strip_suffix(']')).ok_or(HostError::BadName)?;
+    inner.parse::<std::net::Ipv6Addr>().map_err(|_| HostError::BadName)?;
+    // Hex digits may be written in upper case; compare as written would let
+    // `[::A]` and `[::a]` differ, so refuse rather than allocate for a rarity.
+    if inner.bytes().any(|b| b.is_ascii_uppercase()) {
+        return Err(HostError::BadName);
+    }
+    Ok(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canonical_host_table() {
+        let cases: &[(&str, Result<(&str, Option<u16>), HostError>)] = &[
+            ("secure.example.com", Ok(("secure.example.com", None))),
+            ("Secure.Example.COM", Ok(("secure.example.com", None))),
+            ("secure.example.com.", Ok(("secure.example.com", None))),
+            ("secure.example.com.:8443", Ok(("secure.example.com", Some(8443)))),
+            ("secure.example.com:80", Ok(("secure.example.com", Some(80)))),
+            ("secure.example.com:65535", Ok(("secure.example.com", Some(65535)))),
+            ("internal_host", Ok(("internal_host", None))),
+            ("127.0.0.1:8080", Ok(("127.0.0.1", Some(8080)))),
+            ("[::1]", Ok(("[::1]", None))),
+            ("[::1]:8080", Ok(("[::1]", Some(8080)))),
+            ("", Err(HostError::Empty)),
+            ("secure.example.com:abc", Err(HostError::BadPort)),
+            ("secure.example.com:", Err(HostError::BadPort)),
+            ("secure.example.com:65536", Err(HostError::BadPort)),
+            ("secure.example.com:080808", Err(HostError::BadPort)),
+            ("secure.example.com:-1", Err(HostError::BadPort)),
+            ("secure.example.com..", Err(HostError::BadName)),
+            (".secure.example.com", Err(HostError::BadName)),
+            ("secure..example.com", Err(HostError::BadName)),
+            (".", Err(HostError::BadName)),
+            ("a b", Err(HostError::BadName)),
+            ("user@secure.example.com", Err(HostError::BadName)),
+            ("a:1:2", Err(HostError::BadName)),
+            ("[::1", Err(HostError::BadName)),
+            ("[::1]x", Err(HostError::BadName)),
+            ("[not-v6]", Err(HostError::BadName)),
+            ("[::1]:x", Err(HostError::BadPort)),
+        ];
+        for (raw, want) in cases {
+            let got = canonical_host(raw).map(|h| (h.name.into_owned(), h.port));
+            assert_eq!(got, want.map(|(name, port)| (name.to_owned(), port)), "{raw:?}");
+        }
+        assert!(matches!(canonical_host("example.com.").unwrap().name, Cow::Borrowed(_)));
+    }
+}
