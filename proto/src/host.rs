@@ -93,9 +93,11 @@ fn ipv6_literal(name: &str) -> Result<&str, HostError> {
 mod tests {
     use super::*;
 
+    type Case<'a> = (&'a str, Result<(&'a str, Option<u16>), HostError>);
+
     #[test]
     fn canonical_host_table() {
-        let cases: &[(&str, Result<(&str, Option<u16>), HostError>)] = &[
+        let cases: &[Case<'_>] = &[
             ("secure.example.com", Ok(("secure.example.com", None))),
             ("Secure.Example.COM", Ok(("secure.example.com", None))),
             ("secure.example.com.", Ok(("secure.example.com", None))),
