@@ -13,7 +13,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use crate::support::{
-    Admin, WAIT, all_applied, control_plane, control_plane_on, data_plane, data_plane_with, eventually,
+    Admin, Cluster, WAIT, all_applied, control_plane, control_plane_on, data_plane, data_plane_with, eventually,
     eventually_every, metric_sum, served_by, upstream,
 };
 
@@ -51,10 +51,7 @@ async fn hammer(client: reqwest::Client, url: String, stop: Arc<AtomicBool>) -> 
 #[tokio::test]
 async fn swaps_under_load_drop_nothing_and_in_flight_requests_finish_on_the_old_table() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let cp = control_plane(dir.path()).await?;
-    let admin = Admin::new(cp.addr("admin_addr")?);
-    let (_u1, a1) = upstream("u1", "127.0.0.1:0").await?;
-    let dp = data_plane(cp.addr("grpc_addr")?, "dp-load").await?;
+    let Cluster { cp: _cp, admin, upstream: _u1, backend: a1, dp } = Cluster::start(dir.path(), "dp-load").await?;
     let proxy = dp.addr("http_addr")?;
     let client = reqwest::Client::builder().timeout(WAIT).build()?;
 
@@ -137,10 +134,7 @@ async fn swaps_under_load_drop_nothing_and_in_flight_requests_finish_on_the_old_
 #[tokio::test]
 async fn a_snapshot_the_data_plane_cannot_compile_is_nacked_and_the_old_routes_keep_serving() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let cp = control_plane(dir.path()).await?;
-    let admin = Admin::new(cp.addr("admin_addr")?);
-    let (_u1, a1) = upstream("u1", "127.0.0.1:0").await?;
-    let dp = data_plane(cp.addr("grpc_addr")?, "dp-nack").await?;
+    let Cluster { cp: _cp, admin, upstream: _u1, backend: a1, dp } = Cluster::start(dir.path(), "dp-nack").await?;
     let proxy = dp.addr("http_addr")?;
     let client = reqwest::Client::builder().timeout(WAIT).build()?;
 

@@ -16,7 +16,7 @@ use hyper::body::Frame;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use crate::support::{Admin, WAIT, control_plane, data_plane, eventually, rss_kib, served_by, upstream};
+use crate::support::{Cluster, WAIT, eventually, rss_kib, served_by};
 
 const MIB: u64 = 1024 * 1024;
 const SIZE: u64 = 100 * MIB;
@@ -62,10 +62,7 @@ fn sample_peak(pid: u32, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<u64> 
 #[tokio::test]
 async fn a_100_mb_upload_and_download_stream_through_without_growing_the_data_plane() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let cp = control_plane(dir.path()).await?;
-    let admin = Admin::new(cp.addr("admin_addr")?);
-    let (_u1, a1) = upstream("u1", "127.0.0.1:0").await?;
-    let dp = data_plane(cp.addr("grpc_addr")?, "dp-stream").await?;
+    let Cluster { cp: _cp, admin, upstream: _u1, backend: a1, dp } = Cluster::start(dir.path(), "dp-stream").await?;
     let pid = dp.pid()?;
     let proxy = dp.addr("http_addr")?;
     let client = reqwest::Client::builder().timeout(TRANSFER).build()?;

@@ -62,6 +62,26 @@ pub async fn upstream(name: &str, addr: &str) -> Result<(Process, SocketAddr)> {
     Ok((process, addr))
 }
 
+/// What most end-to-end tests begin with: a control plane keeping its state
+/// in `dir`, a test upstream named `u1` and one data plane syncing from it.
+pub struct Cluster {
+    pub cp: Process,
+    pub admin: Admin,
+    pub upstream: Process,
+    pub backend: SocketAddr,
+    pub dp: Process,
+}
+
+impl Cluster {
+    pub async fn start(dir: &Path, node_id: &str) -> Result<Self> {
+        let cp = control_plane(dir).await?;
+        let admin = Admin::new(cp.addr("admin_addr")?);
+        let (upstream, backend) = upstream("u1", "127.0.0.1:0").await?;
+        let dp = data_plane(cp.addr("grpc_addr")?, node_id).await?;
+        Ok(Self { cp, admin, upstream, backend, dp })
+    }
+}
+
 pub async fn control_plane(dir: &std::path::Path) -> Result<Process> {
     control_plane_on(dir, "127.0.0.1:0").await
 }

@@ -10,7 +10,7 @@ use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, KeyUsage
 use reqwest::Method;
 use serde_json::json;
 
-use crate::support::{Admin, control_plane, data_plane, eventually, upstream};
+use crate::support::{Cluster, eventually};
 
 const HOST: &str = "api.e2e.test";
 
@@ -51,10 +51,7 @@ async fn handshake(ca_pem: &str, https: SocketAddr) -> Result<(u16, reqwest::Ver
 #[tokio::test]
 async fn an_uploaded_certificate_is_served_with_h2_and_replaced_on_the_next_handshake() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let cp = control_plane(dir.path()).await?;
-    let admin = Admin::new(cp.addr("admin_addr")?);
-    let (_upstream, backend) = upstream("u1", "127.0.0.1:0").await?;
-    let dp = data_plane(cp.addr("grpc_addr")?, "dp-tls").await?;
+    let Cluster { cp: _cp, admin, upstream: _upstream, backend, dp } = Cluster::start(dir.path(), "dp-tls").await?;
     let https = dp.addr("https_addr")?;
 
     let ca_key = KeyPair::generate()?;
