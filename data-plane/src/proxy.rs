@@ -1,6 +1,7 @@
 //! The proxy listeners, the data plane's request path from accept to response:
 //! accept (plain, or TLS with the certificate picked by SNI) -> HTTP/1.1 or
-//! HTTP/2 -> load the routing table once -> the canonical path -> route match -> the API's policy
+//! HTTP/2 -> load the routing table once -> the canonical path and host
+//! (`inbound`) -> route match -> the API's policy
 //! chain (`policy`) around the forward to an upstream target -> access log
 //! and metrics. Graceful: on shutdown it stops accepting and lets open
 //! connections finish.
@@ -9,6 +10,7 @@ mod balance;
 mod connection;
 mod forward;
 mod idle;
+mod inbound;
 mod log;
 mod tls_server;
 pub mod workers;
@@ -18,11 +20,10 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::uri::PathAndQuery;
-use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, header};
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
-use sluice_proto::path::{PathError, canonical_path};
+use sluice_proto::path::PathError;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio_rustls::TlsAcceptor;
@@ -233,12 +234,9 @@ fn route_and_forward<'a>(
         // Before routing: routing, policies, validation, the access log and the
         // upstream all see this one path.
         let mut request = request;
-        let canonical = canonicalize_path(&mut request, exchange)?;
-        // HTTP/2 and absolute-form requests carry the host in the URI; HTTP/1.1 in Host.
-        let host = match request.uri().host() {
-            Some(host) => Some(host),
-            None => request.headers().get(header::HOST).and_then(|h| h.to_str().ok()),
-        };
+        let canonical = inbound::canonicalize_path(&mut request, exchange)?;
+        let host = inbound::request_host(&request)?;
+        let host = host.as_ref().map(|host| host.name.as_ref());
         let routed = table.route(host, request.uri().path(), request.method());
         if canonical.encoded_separator && !routed.as_ref().is_ok_and(|api| api.forward_raw_path) {
             return Err(PathError::EncodedSeparator.into());
@@ -280,36 +278,6 @@ fn route_and_forward<'a>(
         exchange.consumer = consumer;
         result
     }
-}
-
-/// What canonicalising the request path found.
-struct Canonicalized {
-    /// The client's path and query, when the request now carries another path.
-    raw: Option<PathAndQuery>,
-    /// The path holds an encoded `/` or `\`: refused unless the API forwards raw paths.
-    encoded_separator: bool,
-}
-
-/// Puts the canonical form of the request's path in its URI (and in the
-/// exchange, for the access log and problem details). A path that already is
-/// canonical, the usual case, is left alone without allocating.
-fn canonicalize_path(request: &mut Request<Incoming>, exchange: &mut Exchange) -> Result<Canonicalized, ProxyError> {
-    let canonical = canonical_path(request.uri().path())?;
-    let encoded_separator = canonical.encoded_separator;
-    if !canonical.changed() {
-        return Ok(Canonicalized { raw: None, encoded_separator });
-    }
-    let path = canonical.path.into_owned();
-    exchange.path = path.as_str().into();
-    let path_and_query = match request.uri().query() {
-        Some(query) => format!("{path}?{query}"),
-        None => path,
-    };
-    let mut parts = request.uri().clone().into_parts();
-    let canonical = PathAndQuery::try_from(path_and_query).map_err(|e| ProxyError::BadRequest(e.to_string()))?;
-    let raw = parts.path_and_query.replace(canonical);
-    *request.uri_mut() = Uri::from_parts(parts).map_err(|e| ProxyError::BadRequest(e.to_string()))?;
-    Ok(Canonicalized { raw, encoded_separator })
 }
 
 /// A CORS preflight is an OPTIONS request about another method, which the

@@ -15,6 +15,12 @@ pub enum HostError {
     BadPort,
     #[error("the host is not a valid name or address")]
     BadName,
+    #[error("an HTTP/1.1 request must name its host in a Host header")]
+    Missing,
+    #[error("the request has more than one Host header")]
+    Repeated,
+    #[error("the Host header and the request target name different hosts")]
+    Disagrees,
 }
 
 /// A host in canonical form, its port (if one was given) set aside.
@@ -28,6 +34,14 @@ pub struct CanonicalHost<'a> {
 
 /// Longest DNS name (RFC 1035), and so the longest host we route.
 const MAX_NAME_LEN: usize = 253;
+
+impl CanonicalHost<'_> {
+    /// The same host: same name, and the same port where both name one
+    /// (`Host: a.example` agrees with `http://a.example:80/`).
+    pub fn agrees_with(&self, other: &CanonicalHost<'_>) -> bool {
+        self.name == other.name && (self.port.is_none() || other.port.is_none() || self.port == other.port)
+    }
+}
 
 /// The canonical form of a `Host` header or URI authority (`name[:port]`).
 pub fn canonical_host(raw: &str) -> Result<CanonicalHost<'_>, HostError> {
@@ -131,5 +145,14 @@ mod tests {
             assert_eq!(got, want.map(|(name, port)| (name.to_owned(), port)), "{raw:?}");
         }
         assert!(matches!(canonical_host("example.com.").unwrap().name, Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn hosts_agree_by_name_and_any_port_both_give() {
+        let host = |raw| canonical_host(raw).unwrap();
+        assert!(host("a.example").agrees_with(&host("A.example.:80")));
+        assert!(host("a.example:80").agrees_with(&host("a.example:80")));
+        assert!(!host("a.example:80").agrees_with(&host("a.example:8080")));
+        assert!(!host("a.example").agrees_with(&host("b.example")));
     }
 }

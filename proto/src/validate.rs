@@ -262,6 +262,10 @@ fn check_host(host: &str) -> Result<(), String> {
     if !bare.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | ':' | '[' | ']')) {
         return Err(format!("`{host}` is not a valid host name"));
     }
+    if bare.ends_with('.') {
+        // Requests are routed by the host without its trailing dot.
+        return Err(format!("`{host}`: write the host without its trailing dot"));
+    }
     Ok(())
 }
 

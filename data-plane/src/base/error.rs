@@ -30,6 +30,8 @@ pub enum ProxyError {
     BadRequest(String),
     #[error("the request path is refused: {0}")]
     InvalidPath(#[from] sluice_proto::path::PathError),
+    #[error("the request's host is refused: {0}")]
+    InvalidHost(#[from] sluice_proto::host::HostError),
     #[error("upstream `{upstream}` has no healthy target")]
     NoHealthyTarget { upstream: String },
     #[error("cannot connect to upstream target {target}: {reason}")]
@@ -48,7 +50,8 @@ impl ProxyError {
             ProxyError::NoRoute { .. }
             | ProxyError::MethodNotAllowed { .. }
             | ProxyError::BadRequest(_)
-            | ProxyError::InvalidPath(_) => Origin::Client,
+            | ProxyError::InvalidPath(_)
+            | ProxyError::InvalidHost(_) => Origin::Client,
             ProxyError::NoHealthyTarget { .. }
             | ProxyError::Connect { .. }
             | ProxyError::Timeout { .. }
@@ -61,7 +64,9 @@ impl ProxyError {
         match self {
             ProxyError::NoRoute { .. } => StatusCode::NOT_FOUND,
             ProxyError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
-            ProxyError::BadRequest(_) | ProxyError::InvalidPath(_) => StatusCode::BAD_REQUEST,
+            ProxyError::BadRequest(_) | ProxyError::InvalidPath(_) | ProxyError::InvalidHost(_) => {
+                StatusCode::BAD_REQUEST
+            }
             ProxyError::NotReady | ProxyError::NoHealthyTarget { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::Connect { .. } | ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -82,6 +87,7 @@ impl ProxyError {
             }
             ProxyError::BadRequest(_) => ("bad-request", "Bad request", self.to_string()),
             ProxyError::InvalidPath(_) => ("invalid-path", "Invalid request path", self.to_string()),
+            ProxyError::InvalidHost(_) => ("invalid-host", "Invalid host", self.to_string()),
             ProxyError::NoHealthyTarget { .. } => (
                 "upstream-unavailable",
                 "Upstream unavailable",

@@ -16,9 +16,7 @@ use serde_json::Value;
 use sluice_proto::v1;
 use sluice_proto::v1::policy::Kind;
 
-use crate::fake_cp::{FakeControlPlane, seal};
-use crate::raw_http::{exchange, exchange_blocking, get_request};
-use crate::support::{DataPlane, Upstream, client};
+use crate::raw_http::{Edge, exchange, exchange_blocking, get_request};
 
 /// The APIs of the suite, each forwarding to its own upstream of the same name.
 const ADMIN: &str = "admin";
@@ -26,63 +24,26 @@ const OPEN: &str = "open";
 const SHOP: &str = "shop";
 const RAW: &str = "raw";
 
-struct Edge {
-    dp: DataPlane,
-    upstreams: BTreeMap<&'static str, Upstream>,
-    _cp: FakeControlPlane,
-}
-
-impl Edge {
-    /// `/admin` (IP allow-list 10.0.0.0/8), `/` (no policies), `/shop`
-    /// (strip_prefix) and `/raw` (forward_raw_path).
-    async fn start() -> Result<Self> {
-        let mut upstreams = BTreeMap::new();
-        for name in [ADMIN, OPEN, SHOP, RAW] {
-            upstreams.insert(name, Upstream::start(name).await?);
-        }
-        let mut cp = FakeControlPlane::start().await?;
-        let dp = DataPlane::start(&cp.url(), &[]).await?;
-        let conn = cp.accept().await?;
-        let api = |name: &str, prefix: &str| v1::Api {
-            name: name.into(),
-            path_prefix: prefix.into(),
-            upstream: name.into(),
-            ..Default::default()
-        };
-        let allow_ten = Kind::IpRestriction(v1::IpRestriction { allow: vec!["10.0.0.0/8".into()], deny: vec![] });
-        let snapshot = v1::Snapshot {
-            version: 1,
-            apis: vec![
-                v1::Api { policies: vec![v1::Policy { kind: Some(allow_ten) }], ..api(ADMIN, "/admin") },
-                api(OPEN, "/"),
-                v1::Api { strip_prefix: true, ..api(SHOP, "/shop") },
-                v1::Api { forward_raw_path: true, ..api(RAW, "/raw") },
-            ],
-            upstreams: upstreams
-                .iter()
-                .map(|(name, upstream)| v1::Upstream {
-                    name: (*name).into(),
-                    targets: vec![v1::Target { url: upstream.url(), weight: 1 }],
-                    ..Default::default()
-                })
-                .collect(),
-            ..Default::default()
-        };
-        let mut conn = conn;
-        conn.push(seal(snapshot)).await?;
-        conn.ack().await?;
-        Ok(Edge { dp, upstreams, _cp: cp })
-    }
-
-    /// How many requests each upstream has answered so far.
-    async fn received(&self) -> Result<BTreeMap<&'static str, u64>> {
-        let mut counts = BTreeMap::new();
-        for (name, upstream) in &self.upstreams {
-            let report: Value = client().get(format!("{}/__received", upstream.url())).send().await?.json().await?;
-            counts.insert(*name, report["count"].as_u64().context("count")?);
-        }
-        Ok(counts)
-    }
+/// `/admin` (IP allow-list 10.0.0.0/8), `/` (no policies), `/shop`
+/// (strip_prefix) and `/raw` (forward_raw_path).
+async fn start() -> Result<Edge> {
+    let api = |name: &str, prefix: &str| v1::Api {
+        name: name.into(),
+        path_prefix: prefix.into(),
+        upstream: name.into(),
+        ..Default::default()
+    };
+    let allow_ten = Kind::IpRestriction(v1::IpRestriction { allow: vec!["10.0.0.0/8".into()], deny: vec![] });
+    Edge::start(
+        vec![
+            v1::Api { policies: vec![v1::Policy { kind: Some(allow_ten) }], ..api(ADMIN, "/admin") },
+            api(OPEN, "/"),
+            v1::Api { strip_prefix: true, ..api(SHOP, "/shop") },
+            v1::Api { forward_raw_path: true, ..api(RAW, "/raw") },
+        ],
+        &[],
+    )
+    .await
 }
 
 /// What the gateway must do with a raw path.
@@ -158,7 +119,7 @@ const PATHS: &[(&str, Want)] = &[
 
 #[tokio::test]
 async fn raw_paths_reach_the_upstream_in_canonical_form_or_are_refused() -> Result<()> {
-    let edge = Edge::start().await?;
+    let edge = start().await?;
     let mut expected: BTreeMap<&str, u64> = BTreeMap::new();
     let mut failures = Vec::new();
     for (raw, want) in PATHS {
@@ -199,7 +160,7 @@ async fn raw_paths_reach_the_upstream_in_canonical_form_or_are_refused() -> Resu
 /// The query is not part of the path: it reaches the upstream untouched.
 #[tokio::test]
 async fn the_query_is_left_as_sent() -> Result<()> {
-    let edge = Edge::start().await?;
+    let edge = start().await?;
     let response = exchange(edge.dp.http_addr, get_request("/public//x?q=%2e%2e/a&b=%2F", "g", &[])).await?;
     let body = response.json();
     assert_eq!(
@@ -232,7 +193,7 @@ fn routed_api(path: &str) -> &'static str {
 /// prefix; for `/raw`, as sent), and a refused path reaches no upstream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routing_and_the_forwarded_path_agree_for_any_path() -> Result<()> {
-    let edge = Edge::start().await?;
+    let edge = start().await?;
     let addr: SocketAddr = edge.dp.http_addr;
     let before = edge.received().await?;
     let forwarded = tokio::task::spawn_blocking(move || -> Result<u64> {

@@ -8,6 +8,7 @@ mod gateway;
 mod raw_http;
 mod support;
 
+mod hostile_headers;
 mod hostile_paths;
 mod lifecycle;
 mod openapi;

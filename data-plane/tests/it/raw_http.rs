@@ -2,7 +2,8 @@
 //! bytes it is given (paths as `curl --path-as-is` sends them, repeated or
 //! malformed headers), which a well-behaved client library would refuse or
 //! clean up first, and reads the one response of a `Connection: close`
-//! exchange.
+//! exchange. And [`Edge`], the real `sluice-dp` process these tests attack,
+//! with an echo upstream per API.
 
 #![allow(dead_code)]
 
@@ -10,8 +11,68 @@ use std::io::{Read as _, Write as _};
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use std::collections::BTreeMap;
+
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
+use sluice_proto::v1;
+
+use crate::fake_cp::{FakeControlPlane, seal};
+use crate::support::{DataPlane, Upstream, client};
+
+/// A real `sluice-dp` process serving some APIs, each forwarding to an echo
+/// upstream process named as the API's `upstream`, so the upstream that
+/// answers tells which API routed the request.
+pub struct Edge {
+    pub dp: DataPlane,
+    pub upstreams: BTreeMap<String, Upstream>,
+    _cp: FakeControlPlane,
+}
+
+impl Edge {
+    /// Starts the upstreams, then a data plane with `flags`, and applies a snapshot of `apis`.
+    pub async fn start(apis: Vec<v1::Api>, flags: &[&str]) -> Result<Self> {
+        let mut upstreams = BTreeMap::new();
+        for api in &apis {
+            if !upstreams.contains_key(&api.upstream) {
+                upstreams.insert(api.upstream.clone(), Upstream::start(&api.upstream).await?);
+            }
+        }
+        let mut cp = FakeControlPlane::start().await?;
+        let dp = DataPlane::start(&cp.url(), flags).await?;
+        let mut conn = cp.accept().await?;
+        let snapshot = v1::Snapshot {
+            version: 1,
+            apis,
+            upstreams: upstreams
+                .iter()
+                .map(|(name, upstream)| v1::Upstream {
+                    name: name.clone(),
+                    targets: vec![v1::Target { url: upstream.url(), weight: 1 }],
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        conn.push(seal(snapshot)).await?;
+        conn.ack().await?;
+        Ok(Edge { dp, upstreams, _cp: cp })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.dp.http_addr
+    }
+
+    /// How many requests each upstream has answered so far.
+    pub async fn received(&self) -> Result<BTreeMap<&str, u64>> {
+        let mut counts = BTreeMap::new();
+        for (name, upstream) in &self.upstreams {
+            let report: Value = client().get(format!("{}/__received", upstream.url())).send().await?.json().await?;
+            counts.insert(name.as_str(), report["count"].as_u64().context("count")?);
+        }
+        Ok(counts)
+    }
+}
 
 /// How long one raw exchange may take before the test fails.
 const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(20);
