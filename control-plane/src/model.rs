@@ -64,6 +64,9 @@ pub struct Api {
     /// canonical form. Not with `strip_prefix`.
     #[serde(default, skip_serializing_if = "is_false")]
     pub forward_raw_path: bool,
+    /// Pass a client's `Upgrade: h2c` to the upstream (dropped otherwise).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub allow_h2c_upgrade: bool,
     /// Name of the upstream requests are forwarded to. May be left out when
     /// `openapi` binds a spec: the API then forwards to the spec's first
     /// server, and a `/` path prefix becomes the server's base path.

@@ -142,6 +142,7 @@ fn api(api: &model::Api, specs: &BTreeMap<&str, ParsedSpec>, upstreams: &mut Vec
         strip_prefix: api.strip_prefix,
         preserve_host: api.preserve_host,
         forward_raw_path: api.forward_raw_path,
+        allow_h2c_upgrade: api.allow_h2c_upgrade,
         upstream: upstream_name,
         policies: api.policies.iter().map(policy).collect(),
         openapi: api.openapi.as_ref().map(|o| v1::OpenApiBinding {

@@ -115,6 +115,7 @@ impl App {
             proxy_options: ProxyOptions {
                 access_log: settings.access_log.is_on(),
                 idle_timeout: settings.client_idle_timeout(),
+                headers: settings.header_limits(),
                 ..ProxyOptions::default()
             },
             shutdown_grace: settings.shutdown_grace(),

@@ -29,6 +29,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, warn};
 
+pub use inbound::{DEFAULT_HEADER_LIMITS, HeaderLimits};
 pub use log::LoggedBody;
 pub use tls_server::{TlsSetupError, tls_server_config};
 
@@ -49,6 +50,8 @@ pub struct ProxyOptions {
     /// A client connection with no request in flight for this long is closed
     /// (this also bounds how long a client may take to send a request head).
     pub idle_timeout: Duration,
+    /// What a client's request headers may be.
+    pub headers: HeaderLimits,
 }
 
 /// How long an idle client connection is kept open unless configured.
@@ -63,7 +66,12 @@ impl ProxyOptions {
 
 impl Default for ProxyOptions {
     fn default() -> Self {
-        ProxyOptions { access_log: true, scheme: "http", idle_timeout: DEFAULT_IDLE_TIMEOUT }
+        ProxyOptions {
+            access_log: true,
+            scheme: "http",
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            headers: DEFAULT_HEADER_LIMITS,
+        }
     }
 }
 
@@ -94,7 +102,7 @@ async fn serve_listener(
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let shared = Arc::new(Shared { tables, options });
-    let protocols = Arc::new(Protocols::new(tls.is_some()));
+    let protocols = Arc::new(Protocols::new(tls.is_some(), &options.headers));
     let (stop_tx, stop_rx) = watch::channel(false);
     // Every connection task holds a sender; `recv` returns None once all are gone.
     let (open_tx, mut open_rx) = mpsc::channel::<()>(1);
@@ -235,6 +243,9 @@ fn route_and_forward<'a>(
         // upstream all see this one path.
         let mut request = request;
         let canonical = inbound::canonicalize_path(&mut request, exchange)?;
+        // Before any policy: hop-by-hop headers, and those a client may not
+        // send, are gone before auth or header rules set theirs.
+        let upgrade = inbound::clean_headers(request.headers_mut(), &shared.options.headers)?;
         let host = inbound::request_host(&request)?;
         let host = host.as_ref().map(|host| host.name.as_ref());
         let routed = table.route(host, request.uri().path(), request.method());
@@ -261,6 +272,7 @@ fn route_and_forward<'a>(
             },
         };
         let raw_path = canonical.raw.filter(|_| api.forward_raw_path);
+        inbound::restore_upgrade(request.headers_mut(), upgrade, api.allow_h2c_upgrade);
         exchange.api = Some(api.clone());
         // From here the body may be wrapped by policies (size limit, buffering), which must be able to fail it.
         let request = request.map(|body| body.map_err(Into::into).boxed());

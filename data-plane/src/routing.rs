@@ -57,6 +57,8 @@ pub struct CompiledApi {
     pub preserve_host: bool,
     /// Forward the client's path as sent, not its canonical form (see `sluice_proto::path`).
     pub forward_raw_path: bool,
+    /// Tunnel a client's `Upgrade: h2c` to the upstream instead of dropping it.
+    pub allow_h2c_upgrade: bool,
     pub upstream: Arc<UpstreamPool>,
     /// Time allowed to open a connection to a target.
     pub connect_timeout: Duration,
@@ -146,6 +148,7 @@ pub fn compile(
             strip_prefix: api.strip_prefix,
             preserve_host: api.preserve_host,
             forward_raw_path: api.forward_raw_path,
+            allow_h2c_upgrade: api.allow_h2c_upgrade,
             connect_timeout: millis_or(api.connect_timeout_ms, DEFAULT_CONNECT_TIMEOUT),
             upstream,
             request_timeout: millis_or(api.request_timeout_ms, DEFAULT_REQUEST_TIMEOUT),

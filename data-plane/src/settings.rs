@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 
 use crate::policy::rate_limit::{Cidr, CidrError};
-use crate::proxy::DEFAULT_IDLE_TIMEOUT;
+use crate::proxy::{DEFAULT_HEADER_LIMITS, DEFAULT_IDLE_TIMEOUT, HeaderLimits};
 use crate::sync::SyncTls;
 
 /// An on/off switch spelled the way operators write it in env files.
@@ -107,6 +107,22 @@ pub struct Settings {
     #[arg(long, env = "SLUICE_CLIENT_IDLE_TIMEOUT_SECS", default_value_t = DEFAULT_IDLE_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
     pub client_idle_timeout_secs: u64,
 
+    /// Largest request head a client may send, all header lines together, in
+    /// bytes; a larger one is answered 431.
+    #[arg(long, env = "SLUICE_MAX_REQUEST_HEADER_BYTES", default_value_t = DEFAULT_HEADER_LIMITS.total, value_parser = clap::value_parser!(u32).range(8192..))]
+    pub max_request_header_bytes: u32,
+
+    /// Largest single request header (name and value), in bytes; a larger one is answered 431.
+    #[arg(long, env = "SLUICE_MAX_REQUEST_HEADER_FIELD_BYTES", default_value_t = DEFAULT_HEADER_LIMITS.field, value_parser = clap::value_parser!(u32).range(256..))]
+    pub max_request_header_field_bytes: u32,
+
+    /// Pass client headers whose names hold `_` (nginx's
+    /// `underscores_in_headers`). Off by default: many upstreams (CGI, WSGI)
+    /// read `X_Consumer_Username` as `X-Consumer-Username`, a header only the
+    /// gateway may set, so such headers are dropped.
+    #[arg(long, env = "SLUICE_UNDERSCORES_IN_HEADERS", value_enum, default_value = "off")]
+    pub underscores_in_headers: Switch,
+
     /// Threads serving traffic (each runs its own event loop, see
     /// `proxy::workers`); 0 (the default) means one per CPU core the process
     /// may use. Fewer leave cores to other processes on the host.
@@ -140,6 +156,9 @@ impl Settings {
             heartbeat_ms: 5_000,
             shutdown_grace_secs: 30,
             client_idle_timeout_secs: DEFAULT_IDLE_TIMEOUT.as_secs(),
+            max_request_header_bytes: DEFAULT_HEADER_LIMITS.total,
+            max_request_header_field_bytes: DEFAULT_HEADER_LIMITS.field,
+            underscores_in_headers: Switch::Off,
             worker_threads: 0,
             check_ready: false,
         }
@@ -172,6 +191,15 @@ impl Settings {
 
     pub fn client_idle_timeout(&self) -> Duration {
         Duration::from_secs(self.client_idle_timeout_secs)
+    }
+
+    /// What the proxy accepts of a client's request headers.
+    pub fn header_limits(&self) -> HeaderLimits {
+        HeaderLimits {
+            total: self.max_request_header_bytes,
+            field: self.max_request_header_field_bytes,
+            underscores: self.underscores_in_headers.is_on(),
+        }
     }
 
     pub fn shutdown_grace(&self) -> Duration {
@@ -217,6 +245,8 @@ mod tests {
         assert_eq!(parsed.ops_addr, built.ops_addr);
         assert_eq!(parsed.access_log, Switch::On);
         assert_eq!(parsed.heartbeat_ms, built.heartbeat_ms);
+        assert_eq!(parsed.header_limits(), built.header_limits());
+        assert_eq!(parsed.header_limits(), crate::proxy::DEFAULT_HEADER_LIMITS);
     }
 
     #[test]

@@ -32,6 +32,8 @@ pub enum ProxyError {
     InvalidPath(#[from] sluice_proto::path::PathError),
     #[error("the request's host is refused: {0}")]
     InvalidHost(#[from] sluice_proto::host::HostError),
+    #[error("{what} exceed the limit of {limit} bytes")]
+    HeadersTooLarge { limit: u32, what: &'static str },
     #[error("upstream `{upstream}` has no healthy target")]
     NoHealthyTarget { upstream: String },
     #[error("cannot connect to upstream target {target}: {reason}")]
@@ -51,7 +53,8 @@ impl ProxyError {
             | ProxyError::MethodNotAllowed { .. }
             | ProxyError::BadRequest(_)
             | ProxyError::InvalidPath(_)
-            | ProxyError::InvalidHost(_) => Origin::Client,
+            | ProxyError::InvalidHost(_)
+            | ProxyError::HeadersTooLarge { .. } => Origin::Client,
             ProxyError::NoHealthyTarget { .. }
             | ProxyError::Connect { .. }
             | ProxyError::Timeout { .. }
@@ -67,6 +70,7 @@ impl ProxyError {
             ProxyError::BadRequest(_) | ProxyError::InvalidPath(_) | ProxyError::InvalidHost(_) => {
                 StatusCode::BAD_REQUEST
             }
+            ProxyError::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ProxyError::NotReady | ProxyError::NoHealthyTarget { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::Connect { .. } | ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -88,6 +92,9 @@ impl ProxyError {
             ProxyError::BadRequest(_) => ("bad-request", "Bad request", self.to_string()),
             ProxyError::InvalidPath(_) => ("invalid-path", "Invalid request path", self.to_string()),
             ProxyError::InvalidHost(_) => ("invalid-host", "Invalid host", self.to_string()),
+            ProxyError::HeadersTooLarge { .. } => {
+                ("request-header-fields-too-large", "Request header fields too large", self.to_string())
+            }
             ProxyError::NoHealthyTarget { .. } => (
                 "upstream-unavailable",
                 "Upstream unavailable",

@@ -27,6 +27,7 @@ use tokio_rustls::server::TlsStream;
 use tracing::debug;
 
 use super::idle::ConnectionActivity;
+use super::inbound::HeaderLimits;
 use super::workers::stopped;
 use super::{Peer, Shared, handle};
 
@@ -87,15 +88,26 @@ impl Protocols {
     /// response's head and body are written as one buffer, not a vectored
     /// write: rustls encrypts into its own buffer either way, and handing it
     /// several slices costs a list allocation per write.
-    pub(super) fn new(tls: bool) -> Self {
+    ///
+    /// A request head larger than `limits.total` is answered 431 by hyper
+    /// itself (HTTP/1.1: its read buffer may not grow past it; HTTP/2: the
+    /// header list size announced to the client); `inbound` checks the same
+    /// limits, and the one per header, on every request.
+    pub(super) fn new(tls: bool, limits: &HeaderLimits) -> Self {
+        let (buffer, list) = (limits.read_buffer(), limits.total);
         let mut http1 = http1::Builder::new();
-        http1.timer(TokioTimer::new()).keep_alive(true).header_read_timeout(None).writev(!tls);
+        http1.timer(TokioTimer::new()).keep_alive(true).header_read_timeout(None).writev(!tls).max_buf_size(buffer);
         let mut http2 = http2::Builder::new(TokioExecutor::new());
-        http2.timer(TokioTimer::new());
+        http2.timer(TokioTimer::new()).max_header_list_size(list);
         // The same settings again, for the connections `auto` serves (`Protocol::Unsure`).
         let mut auto = auto::Builder::new(TokioExecutor::new());
-        auto.http1().timer(TokioTimer::new()).keep_alive(true).header_read_timeout(None).writev(!tls);
-        auto.http2().timer(TokioTimer::new());
+        auto.http1()
+            .timer(TokioTimer::new())
+            .keep_alive(true)
+            .header_read_timeout(None)
+            .writev(!tls)
+            .max_buf_size(buffer);
+        auto.http2().timer(TokioTimer::new()).max_header_list_size(list);
         Protocols { http1, http2, auto }
     }
 }

@@ -18,7 +18,7 @@ use crate::routing::CompiledApi;
 use crate::upstream::{InFlight, SendError, Target};
 
 /// Headers that describe one hop, never the end-to-end message (RFC 9110 §7.6.1).
-const HOP_BY_HOP: [HeaderName; 8] = [
+pub(super) const HOP_BY_HOP: [HeaderName; 8] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -281,7 +281,7 @@ fn with_query(path: &str, query: Option<&str>) -> Result<PathAndQuery, ProxyErro
 }
 
 /// `Some(protocol)` when the client asks to switch protocols (WebSocket).
-fn upgrade_protocol(headers: &HeaderMap) -> Option<HeaderValue> {
+pub(super) fn upgrade_protocol(headers: &HeaderMap) -> Option<HeaderValue> {
     let wants_upgrade = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -297,21 +297,24 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if !headers.keys().any(|name| HOP_BY_HOP.contains(name) || name == header::UPGRADE) {
         return;
     }
-    // Headers named in Connection are hop-by-hop too, by the sender's say-so.
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
+    for name in named_in_connection(headers) {
         headers.remove(name);
     }
     for name in HOP_BY_HOP {
         headers.remove(name);
     }
     headers.remove(header::UPGRADE);
+}
+
+/// Headers named in `Connection`: hop-by-hop too, by the sender's say-so.
+pub(super) fn named_in_connection(headers: &HeaderMap) -> Vec<HeaderName> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect()
 }
 
 fn add_forwarding_headers(

@@ -3,15 +3,119 @@
 //! host checked and normalised (both by the rules of `sluice_proto`), so that
 //! routing, every policy, validation, the access log and the upstream agree
 //! on which resource is asked for; a request with no canonical form gets 400
-//! here and goes no further.
+//! here and goes no further. Then the headers: sizes checked (431),
+//! hop-by-hop headers (and every header `Connection` names) removed, and
+//! headers only the gateway may set dropped, all before any policy runs, so
+//! a client can neither delete nor forge what auth or header rules set.
 
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Request, Uri, Version, header};
 use sluice_proto::host::{CanonicalHost, HostError, canonical_host};
 use sluice_proto::path::canonical_path;
 
+use super::forward::{HOP_BY_HOP, named_in_connection, upgrade_protocol};
 use super::log::Exchange;
 use crate::base::ProxyError;
+use crate::policy::X_CONSUMER_USERNAME;
+
+/// What a client's request headers may be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeaderLimits {
+    /// All header lines together, in bytes (name, value and 4 bytes of framing each).
+    pub total: u32,
+    /// One header's name and value, in bytes.
+    pub field: u32,
+    /// Pass headers whose names hold `_` (dropped otherwise).
+    pub underscores: bool,
+}
+
+/// 64 KiB in all, 16 KiB per header; underscores dropped (as nginx).
+pub const DEFAULT_HEADER_LIMITS: HeaderLimits = HeaderLimits { total: 64 * 1024, field: 16 * 1024, underscores: false };
+
+impl HeaderLimits {
+    /// hyper's HTTP/1.1 read buffer may grow to hold a head of `total`
+    /// bytes plus the request line; a longer head is answered 431 by hyper.
+    pub(super) fn read_buffer(&self) -> usize {
+        (self.total as usize).saturating_add(8 * 1024)
+    }
+}
+
+/// Never removed because a client named them in `Connection`: hyper framed
+/// the body by them (and the size limit and validation read them), and the
+/// host has been routed by.
+const FRAMING: [HeaderName; 3] = [header::CONTENT_LENGTH, header::TRANSFER_ENCODING, header::HOST];
+
+/// A client's wish to switch protocols, held across the hop-by-hop strip
+/// until the API is known.
+pub(super) struct Upgrade {
+    protocol: HeaderValue,
+    http2_settings: Option<HeaderValue>,
+}
+
+const HTTP2_SETTINGS: HeaderName = HeaderName::from_static("http2-settings");
+
+/// The inbound header stage. Returns the protocol the client asks to switch
+/// to, for [`restore_upgrade`] once the API is known. One pass over the
+/// headers finds what needs doing; a request with nothing to remove, the
+/// usual case, is left alone.
+pub(super) fn clean_headers(headers: &mut HeaderMap, limits: &HeaderLimits) -> Result<Option<Upgrade>, ProxyError> {
+    let (mut total, mut hop_by_hop, mut underscores, mut gateway_set) = (0usize, false, false, false);
+    for (name, value) in headers.iter() {
+        let size = name.as_str().len() + value.len();
+        if size > limits.field as usize {
+            return Err(ProxyError::HeadersTooLarge { limit: limits.field, what: "one request header" });
+        }
+        total += size + 4;
+        hop_by_hop |= HOP_BY_HOP.contains(name) || name == header::UPGRADE;
+        underscores |= name.as_str().contains('_');
+        gateway_set |= name == X_CONSUMER_USERNAME;
+    }
+    if total > limits.total as usize {
+        return Err(ProxyError::HeadersTooLarge { limit: limits.total, what: "the request headers" });
+    }
+    let mut upgrade = None;
+    if hop_by_hop {
+        upgrade = upgrade_protocol(headers)
+            .map(|protocol| Upgrade { protocol, http2_settings: headers.get(HTTP2_SETTINGS).cloned() });
+        for name in named_in_connection(headers) {
+            if !FRAMING.contains(&name) {
+                headers.remove(name);
+            }
+        }
+        // Transfer-Encoding stays until the forward: the policies read the framing.
+        for name in HOP_BY_HOP.iter().filter(|name| **name != header::TRANSFER_ENCODING) {
+            headers.remove(name);
+        }
+        headers.remove(header::UPGRADE);
+    }
+    if gateway_set {
+        headers.remove(X_CONSUMER_USERNAME);
+    }
+    if underscores && !limits.underscores {
+        let named: Vec<HeaderName> = headers.keys().filter(|name| name.as_str().contains('_')).cloned().collect();
+        for name in named {
+            headers.remove(name);
+        }
+    }
+    Ok(upgrade)
+}
+
+/// Puts back a protocol switch the API allows: any, but `h2c` only where
+/// `allow_h2c` (an upstream that speaks it would otherwise get a raw tunnel
+/// the gateway cannot see into).
+pub(super) fn restore_upgrade(headers: &mut HeaderMap, upgrade: Option<Upgrade>, allow_h2c: bool) {
+    let Some(Upgrade { protocol, http2_settings }) = upgrade else { return };
+    let h2c = protocol.to_str().is_ok_and(|p| p.split(',').any(|p| p.trim().eq_ignore_ascii_case("h2c")));
+    if h2c && !allow_h2c {
+        return;
+    }
+    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    headers.insert(header::UPGRADE, protocol);
+    if let Some(settings) = http2_settings.filter(|_| h2c) {
+        headers.insert(HTTP2_SETTINGS, settings);
+    }
+}
 
 /// What canonicalising the request path found.
 pub(super) struct Canonicalized {
@@ -78,6 +182,69 @@ pub(super) fn request_host<B>(request: &Request<B>) -> Result<Option<CanonicalHo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(HeaderName::from_bytes(name.as_bytes()).unwrap(), HeaderValue::from_str(value).unwrap());
+        }
+        map
+    }
+
+    fn names(map: &HeaderMap) -> Vec<&str> {
+        map.keys().map(HeaderName::as_str).collect()
+    }
+
+    #[test]
+    fn hop_by_hop_and_gateway_headers_go_before_any_policy() {
+        let mut map = headers(&[
+            ("connection", "X-Consumer-Username, x-internal, content-length, transfer-encoding, host"),
+            ("x-internal", "1"),
+            ("x-consumer-username", "alice"),
+            ("x_consumer_username", "alice"),
+            ("keep-alive", "timeout=5"),
+            ("te", "trailers"),
+            ("transfer-encoding", "chunked"),
+            ("host", "a.example"),
+            ("x-kept", "yes"),
+        ]);
+        assert!(clean_headers(&mut map, &DEFAULT_HEADER_LIMITS).unwrap().is_none());
+        assert_eq!(names(&map), ["transfer-encoding", "host", "x-kept"]);
+
+        let mut map = headers(&[("x_custom", "1"), ("x-kept", "yes")]);
+        clean_headers(&mut map, &HeaderLimits { underscores: true, ..DEFAULT_HEADER_LIMITS }).unwrap();
+        assert_eq!(names(&map), ["x_custom", "x-kept"]);
+    }
+
+    #[test]
+    fn upgrades_survive_but_h2c_only_where_allowed() {
+        let upgrade = |protocol: &str| {
+            headers(&[("connection", "Upgrade, HTTP2-Settings"), ("upgrade", protocol), ("http2-settings", "AAMA")])
+        };
+        for (protocol, allow_h2c, kept) in
+            [("websocket", false, true), ("h2c", false, false), ("H2C", false, false), ("h2c", true, true)]
+        {
+            let mut map = upgrade(protocol);
+            let found = clean_headers(&mut map, &DEFAULT_HEADER_LIMITS).unwrap();
+            assert!(map.is_empty(), "{protocol}: {map:?}");
+            restore_upgrade(&mut map, found, allow_h2c);
+            assert_eq!(map.get(header::UPGRADE).is_some(), kept, "{protocol} {allow_h2c}");
+            assert_eq!(map.get(HTTP2_SETTINGS).is_some(), kept && allow_h2c, "{protocol} {allow_h2c}");
+        }
+    }
+
+    #[test]
+    fn oversized_headers_are_refused() {
+        let limits = HeaderLimits { total: 1000, field: 300, underscores: false };
+        let big = "x".repeat(300);
+        let mut one = headers(&[("x-big", big.as_str())]);
+        assert!(matches!(clean_headers(&mut one, &limits), Err(ProxyError::HeadersTooLarge { limit: 300, .. })));
+        let value = "x".repeat(250);
+        let mut many = headers(&[("a", &value), ("b", &value), ("c", &value), ("d", &value)]);
+        assert!(matches!(clean_headers(&mut many, &limits), Err(ProxyError::HeadersTooLarge { limit: 1000, .. })));
+        let mut fine = headers(&[("a", &value), ("b", &value), ("c", &value)]);
+        assert!(clean_headers(&mut fine, &limits).is_ok());
+    }
 
     fn request(version: Version, uri: &str, hosts: &[&str]) -> Request<()> {
         let mut request = Request::builder().version(version).uri(uri);

@@ -32,8 +32,13 @@ pub struct Edge {
 impl Edge {
     /// Starts the upstreams, then a data plane with `flags`, and applies a snapshot of `apis`.
     pub async fn start(apis: Vec<v1::Api>, flags: &[&str]) -> Result<Self> {
+        Self::start_with(v1::Snapshot { apis, ..Default::default() }, flags).await
+    }
+
+    /// The same with a snapshot of APIs and consumers; the upstreams are added here.
+    pub async fn start_with(mut snapshot: v1::Snapshot, flags: &[&str]) -> Result<Self> {
         let mut upstreams = BTreeMap::new();
-        for api in &apis {
+        for api in &snapshot.apis {
             if !upstreams.contains_key(&api.upstream) {
                 upstreams.insert(api.upstream.clone(), Upstream::start(&api.upstream).await?);
             }
@@ -41,19 +46,15 @@ impl Edge {
         let mut cp = FakeControlPlane::start().await?;
         let dp = DataPlane::start(&cp.url(), flags).await?;
         let mut conn = cp.accept().await?;
-        let snapshot = v1::Snapshot {
-            version: 1,
-            apis,
-            upstreams: upstreams
-                .iter()
-                .map(|(name, upstream)| v1::Upstream {
-                    name: name.clone(),
-                    targets: vec![v1::Target { url: upstream.url(), weight: 1 }],
-                    ..Default::default()
-                })
-                .collect(),
-            ..Default::default()
-        };
+        snapshot.version = 1;
+        snapshot.upstreams = upstreams
+            .iter()
+            .map(|(name, upstream)| v1::Upstream {
+                name: name.clone(),
+                targets: vec![v1::Target { url: upstream.url(), weight: 1 }],
+                ..Default::default()
+            })
+            .collect();
         conn.push(seal(snapshot)).await?;
         conn.ack().await?;
         Ok(Edge { dp, upstreams, _cp: cp })
