@@ -10,6 +10,7 @@ use sluice_control_plane::model::Config;
 use sluice_control_plane::prepare::prepare_config;
 use sluice_control_plane::secrets::SecretBox;
 use sluice_control_plane::snapshot::build_snapshot;
+use sluice_control_plane::specs::{DEFAULT_MAX_SPEC_BYTES, SpecCache};
 
 use crate::Output;
 use crate::admin_client::AdminClient;
@@ -255,9 +256,11 @@ pub fn validate(file: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("{} does not match the config format", file.display()))?;
     let secrets = SecretBox::from_key_material(&"00".repeat(32)).context("throwaway key")?;
     let hmac_key = [0u8; 32];
-    let problems = match prepare_config(config, &Config::default(), &secrets, &hmac_key) {
+    let specs = SpecCache::default();
+    let problems = match prepare_config(config, &Config::default(), &secrets, &hmac_key, &specs, DEFAULT_MAX_SPEC_BYTES)
+    {
         Err(violations) => violations,
-        Ok(prepared) => build_snapshot(&prepared, &secrets, &hmac_key).err().unwrap_or_default(),
+        Ok(prepared) => build_snapshot(&prepared, &secrets, &hmac_key, &specs).err().unwrap_or_default(),
     };
     if problems.is_empty() {
         println!("{}: valid", file.display());

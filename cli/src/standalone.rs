@@ -37,6 +37,9 @@ pub struct StandaloneArgs {
     /// Versions kept in the snapshot history.
     #[arg(long, env = "SLUICE_KEEP_SNAPSHOTS", default_value_t = sluice_control_plane::store::DEFAULT_KEEP_SNAPSHOTS, value_parser = clap::value_parser!(u64).range(1..))]
     keep_snapshots: u64,
+    /// Largest OpenAPI spec an upload may carry, in bytes.
+    #[arg(long, env = "SLUICE_MAX_SPEC_BYTES", default_value_t = sluice_control_plane::specs::DEFAULT_MAX_SPEC_BYTES, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    max_spec_bytes: usize,
     /// PEM certificate chain the admin API presents (HTTPS).
     #[arg(long, env = "SLUICE_ADMIN_TLS_CERT", requires = "admin_tls_key")]
     admin_tls_cert: Option<PathBuf>,
@@ -65,6 +68,7 @@ pub async fn run(args: StandaloneArgs) -> anyhow::Result<()> {
         purge_after: Duration::from_secs(3600),
         ack_timeout: Duration::from_secs(30),
         keep_snapshots: args.keep_snapshots,
+        max_spec_bytes: args.max_spec_bytes,
         // Loopback inside one process: nothing crosses a network.
         grpc_tls_cert: None,
         grpc_tls_key: None,

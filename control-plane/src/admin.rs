@@ -11,6 +11,7 @@ mod collections;
 mod config;
 mod crud;
 mod data_planes;
+mod document;
 mod error;
 mod snapshots;
 
@@ -35,6 +36,7 @@ use utoipa_swagger_ui::{Config as SwaggerConfig, SwaggerUi};
 use crate::store::{Store, WriteError};
 use crate::tokens::TokenDigest;
 
+pub use body::{MAX_DEPTH, ParseHook};
 pub use crud::{DEFAULT_PAGE, MAX_PAGE, Page};
 pub use error::{AdminError, FieldError, PROBLEM_BASE, PROBLEM_JSON, Problem};
 
@@ -71,6 +73,7 @@ pub(crate) struct Admin {
     stale_after: Duration,
     schemas: Schemas,
     openapi_json: Bytes,
+    parse_hook: Option<body::ParseHook>,
 }
 
 type Shared = Arc<Admin>;
@@ -81,12 +84,20 @@ const BODY_SCHEMAS: &[&str] = &["Api", "Upstream", "Consumer", "Spec", "Certific
 /// Builds the admin API. The OpenAPI document is generated from the same routes that are mounted, so it cannot
 /// drift from them; the JSON Schemas that check request bodies are taken from that document.
 pub fn router(state: AdminState) -> Router {
+    router_with_parse_hook(state, None)
+}
+
+/// `router` whose request bodies first run `hook` on the blocking pool, before they are parsed: tests hold a parse
+/// there to show that the API keeps answering meanwhile.
+#[doc(hidden)]
+pub fn router_with_parse_hook(state: AdminState, parse_hook: Option<ParseHook>) -> Router {
     let (routes, openapi) = documented_routes().split_for_parts();
     let document = document(openapi);
     let schemas = Schemas::from_document(&document, BODY_SCHEMAS);
     let openapi_json = Bytes::from(serde_json::to_vec(&document).unwrap_or_default());
     let auth = auth::Authenticator::new(state.admin_token);
-    let admin = Arc::new(Admin { store: state.store, auth, stale_after: state.stale_after, schemas, openapi_json });
+    let admin =
+        Arc::new(Admin { store: state.store, auth, stale_after: state.stale_after, schemas, openapi_json, parse_hook });
 
     // The UI fetches the document from our own documented route rather than registering a second copy.
     let docs = SwaggerUi::new("/docs").config(SwaggerConfig::new(["/openapi.json"]));
@@ -168,7 +179,9 @@ fn finish_document(mut openapi: OpenApi) -> OpenApi {
 
 /// The served document.
 fn document(openapi: OpenApi) -> Value {
-    serde_json::to_value(finish_document(openapi)).unwrap_or(Value::Null)
+    let mut document = serde_json::to_value(finish_document(openapi)).unwrap_or(Value::Null);
+    document::refine(&mut document);
+    document
 }
 
 /// Liveness and readiness answer.
@@ -286,7 +299,8 @@ mod tests {
             let property = document.pointer(&format!("/components/schemas/{schema}/properties/{field}"));
             assert_eq!(property.and_then(|p| p.get("writeOnly")), Some(&json!(true)), "{schema}.{field}");
         }
-        let consumer = json!({ "username": "a", "basic_auth": { "password": "p" }, "api_keys": [{ "key": "k" }] });
+        let consumer =
+            json!({ "username": "a", "basic_auth": { "password": "p" }, "api_keys": [{ "key": "k-123456" }] });
         assert!(schemas.check("Consumer", &consumer).is_ok());
         if std::env::var_os("SLUICE_DUMP_OPENAPI").is_some() {
             println!("{}", serde_json::to_string_pretty(&document).unwrap_or_default());

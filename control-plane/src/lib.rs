@@ -7,6 +7,7 @@ pub mod certificates;
 pub mod credentials;
 pub mod diff;
 pub mod model;
+pub mod nesting;
 pub mod pki;
 pub mod prepare;
 pub mod secrets;

@@ -79,10 +79,8 @@ pub struct Api {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub policies: Vec<Policy>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<String>, example = "5s")]
     pub connect_timeout: Option<HumanDuration>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<String>, example = "60s")]
     pub request_timeout: Option<HumanDuration>,
     /// Retries of idempotent requests without a body when connecting to a
     /// target fails or the connection closes before a response begins.
@@ -170,14 +168,14 @@ pub struct HealthCheck {
     #[schema(example = "/health")]
     pub path: String,
     #[serde(default = "five_seconds")]
-    #[schema(value_type = String, example = "5s")]
     pub interval: HumanDuration,
     #[serde(default = "one_second")]
-    #[schema(value_type = String, example = "1s")]
     pub timeout: HumanDuration,
     #[serde(default = "two")]
+    #[schema(minimum = 1)]
     pub healthy_threshold: u32,
     #[serde(default = "three")]
+    #[schema(minimum = 1)]
     pub unhealthy_threshold: u32,
 }
 
@@ -187,7 +185,6 @@ pub struct HealthCheck {
 pub struct PassiveHealthCheck {
     pub consecutive_failures: u32,
     #[serde(default = "thirty_seconds")]
-    #[schema(value_type = String, example = "30s")]
     pub ejection: HumanDuration,
 }
 
@@ -227,7 +224,7 @@ pub struct Consumer {
 pub struct BasicAuthCredential {
     /// Write-only; stored as an Argon2id hash.
     #[serde(default, skip_serializing_if = "write_only")]
-    #[schema(write_only)]
+    #[schema(write_only, min_length = 1)]
     pub password: Option<String>,
     /// Argon2id PHC string of the password, as exported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -237,9 +234,9 @@ pub struct BasicAuthCredential {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ApiKeyCredential {
-    /// Write-only; stored as a keyed digest.
+    /// Write-only; stored as a keyed digest. At least 8 characters.
     #[serde(default, skip_serializing_if = "write_only")]
-    #[schema(write_only)]
+    #[schema(write_only, min_length = 8)]
     pub key: Option<String>,
     /// Hex HMAC-SHA256 of the key, as exported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -255,7 +252,7 @@ pub struct JwtCredential {
     pub algorithm: String,
     /// HMAC secret for HS* algorithms. Write-only; stored encrypted.
     #[serde(default, skip_serializing_if = "write_only")]
-    #[schema(write_only)]
+    #[schema(write_only, min_length = 1)]
     pub secret: Option<String>,
     /// The HMAC secret encrypted with the control plane's secret key, as exported.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -15,7 +15,7 @@ use crate::certificates::{self, ParsedCertificate};
 use crate::credentials::{api_key_digest, hash_password, verify_password};
 use crate::model::{Certificate, Config, Consumer, Spec};
 use crate::secrets::SecretBox;
-use crate::specs::parse_spec;
+use crate::specs::{SpecCache, check_spec_size};
 
 pub use crate::diff::{ConfigDiff, KindDiff, diff_config};
 
@@ -26,6 +26,8 @@ pub fn prepare_config(
     previous: &Config,
     secrets: &SecretBox,
     api_key_hmac_key: &[u8],
+    specs: &SpecCache,
+    max_spec_bytes: usize,
 ) -> Result<Config, Vec<Violation>> {
     let mut violations = Vec::new();
     let mut prefixed = |collection: &str, name: &str, found: Vec<Violation>| {
@@ -46,7 +48,7 @@ pub fn prepare_config(
     }
     for spec in config.specs {
         let name = spec.name.clone();
-        match prepare_spec(spec) {
+        match prepare_spec(spec, specs, max_spec_bytes) {
             Ok(s) => prepared.specs.push(s),
             Err(found) => prefixed("specs", &name, found),
         }
@@ -138,12 +140,13 @@ pub fn prepare_consumer(
     if violations.is_empty() { Ok(consumer) } else { Err(violations) }
 }
 
-/// Parses the document; fills in its version and title.
-pub fn prepare_spec(mut spec: Spec) -> Result<Spec, Vec<Violation>> {
-    match parse_spec(&spec.content) {
+/// Parses the document (into `specs`, where the write's snapshot build finds it); fills in its version and
+/// title. A text over `max_bytes` is refused before it is parsed.
+pub fn prepare_spec(mut spec: Spec, specs: &SpecCache, max_bytes: usize) -> Result<Spec, Vec<Violation>> {
+    match check_spec_size(&spec.content, max_bytes).and_then(|()| specs.parse(&spec.content)) {
         Ok(parsed) => {
-            spec.openapi_version = Some(parsed.openapi_version);
-            spec.title = Some(parsed.title);
+            spec.openapi_version = Some(parsed.openapi_version.clone());
+            spec.title = Some(parsed.title.clone());
             Ok(spec)
         }
         Err(e) => Err(vec![violation("/content", e.to_string())]),

@@ -60,6 +60,10 @@ pub struct Settings {
     #[arg(long, env = "SLUICE_KEEP_SNAPSHOTS", default_value_t = crate::store::DEFAULT_KEEP_SNAPSHOTS, value_parser = clap::value_parser!(u64).range(1..))]
     pub keep_snapshots: u64,
 
+    /// Largest OpenAPI spec an upload may carry, in bytes; a larger one is refused (422).
+    #[arg(long, env = "SLUICE_MAX_SPEC_BYTES", default_value_t = crate::specs::DEFAULT_MAX_SPEC_BYTES, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_spec_bytes: usize,
+
     /// PEM certificate chain the sync server presents: data planes then
     /// connect with `https://`. Reloaded when the file changes.
     #[arg(long, env = "SLUICE_GRPC_TLS_CERT", requires = "grpc_tls_key")]

@@ -4,26 +4,29 @@
 //! never committed.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use sluice_proto::v1;
 use sluice_proto::{Violation, canonicalize, content_hash, validate};
 
 use crate::model::{self, Balance, Config, HashSource, Policy, RateLimitKey};
 use crate::secrets::SecretBox;
-use crate::specs::{ParsedSpec, parse_spec};
+use crate::specs::{SpecCache, SpecSummary};
 
 /// Converts, canonicalizes, validates and hashes. `version` is left at 0 for
 /// the store to fill in. Secrets must already be in stored form (see
 /// `prepare`); plaintext inputs are reported rather than hashed here, because
 /// hashing with a fresh salt would change the snapshot hash on every build.
+/// Specs come from `specs`, which parses only texts it has not seen.
 pub fn build_snapshot(
     config: &Config,
     secrets: &SecretBox,
     api_key_hmac_key: &[u8],
+    specs: &SpecCache,
 ) -> Result<v1::Snapshot, Vec<Violation>> {
     let mut violations = Vec::new();
-    let parsed_specs: BTreeMap<&str, ParsedSpec> =
-        config.specs.iter().filter_map(|s| parse(s, &mut violations).map(|p| (s.name.as_str(), p))).collect();
+    let parsed_specs: BTreeMap<&str, Arc<SpecSummary>> =
+        config.specs.iter().filter_map(|s| parse(s, specs, &mut violations).map(|p| (s.name.as_str(), p))).collect();
     let mut upstreams: Vec<v1::Upstream> = config.upstreams.iter().map(upstream).collect();
     let apis = config.apis.iter().map(|a| api(a, &parsed_specs, &mut upstreams)).collect();
     let mut snapshot = v1::Snapshot {
@@ -34,7 +37,7 @@ pub fn build_snapshot(
         consumers: config.consumers.iter().filter_map(|c| consumer(c, secrets, &mut violations)).collect(),
         specs: parsed_specs
             .iter()
-            .map(|(name, parsed)| v1::Spec { name: (*name).to_string(), json: parsed.json.to_string() })
+            .map(|(name, parsed)| v1::Spec { name: (*name).to_string(), json: parsed.json.clone() })
             .collect(),
         certificates: config.certificates.iter().filter_map(|c| certificate(c, secrets, &mut violations)).collect(),
         api_key_hmac_key: api_key_hmac_key.to_vec(),
@@ -118,7 +121,7 @@ fn violation(path: String, message: impl Into<String>) -> Violation {
     Violation { path, message: message.into() }
 }
 
-fn api(api: &model::Api, specs: &BTreeMap<&str, ParsedSpec>, upstreams: &mut Vec<v1::Upstream>) -> v1::Api {
+fn api(api: &model::Api, specs: &BTreeMap<&str, Arc<SpecSummary>>, upstreams: &mut Vec<v1::Upstream>) -> v1::Api {
     let mut path_prefix = api.path_prefix.clone();
     let mut upstream_name = api.upstream.clone();
     if let Some(spec) =
@@ -335,8 +338,9 @@ fn consumer(consumer: &model::Consumer, secrets: &SecretBox, violations: &mut Ve
     })
 }
 
-fn parse(spec: &model::Spec, violations: &mut Vec<Violation>) -> Option<ParsedSpec> {
-    parse_spec(&spec.content)
+fn parse(spec: &model::Spec, specs: &SpecCache, violations: &mut Vec<Violation>) -> Option<Arc<SpecSummary>> {
+    specs
+        .parse(&spec.content)
         .map_err(|e| violations.push(violation(format!("/specs/{}/content", spec.name), e.to_string())))
         .ok()
 }
@@ -403,7 +407,7 @@ mod tests {
             apis: vec![api_from_spec("shop", "/"), api_from_spec("shop-old", "/legacy")],
             ..Config::default()
         };
-        let snapshot = build_snapshot(&config, &secrets, &[0; 32]).unwrap();
+        let snapshot = build_snapshot(&config, &secrets, &[0; 32], &SpecCache::default()).unwrap();
         let shop = &snapshot.apis[0];
         assert_eq!((shop.path_prefix.as_str(), shop.upstream.as_str()), ("/shop/v2", "spec.fruitshop"));
         assert_eq!(snapshot.apis[1].path_prefix, "/legacy", "an explicit prefix is kept");
@@ -417,7 +421,7 @@ mod tests {
         let secrets = SecretBox::from_key_material(&"00".repeat(32)).unwrap();
         let api: Api = serde_json::from_value(serde_json::json!({ "name": "lost", "path_prefix": "/x" })).unwrap();
         let config = Config { apis: vec![api], ..Config::default() };
-        let violations = build_snapshot(&config, &secrets, &[0; 32]).unwrap_err();
+        let violations = build_snapshot(&config, &secrets, &[0; 32], &SpecCache::default()).unwrap_err();
         assert_eq!(violations[0].path, "/apis/lost/upstream");
     }
 
@@ -439,7 +443,8 @@ mod tests {
                 .unwrap();
         let config = |apis| Config { upstreams: vec![upstream.clone()], apis, ..Config::default() };
 
-        let snapshot = build_snapshot(&config(vec![api("ok", &good)]), &secrets, &[0; 32]).unwrap();
+        let snapshot =
+            build_snapshot(&config(vec![api("ok", &good)]), &secrets, &[0; 32], &SpecCache::default()).unwrap();
         let Some(v1::policy::Kind::Jwt(jwt)) = &snapshot.apis[0].policies[1].kind else { panic!("jwt policy") };
         assert_eq!((jwt.jwks.as_str(), jwt.consumer_claim.as_str()), (good.as_str(), "email"));
 
@@ -452,8 +457,13 @@ mod tests {
             ("secret", r#"{"keys": [{"kty": "oct", "k": "c2VjcmV0"}]}"#),
             ("mismatch", &mismatch),
         ];
-        let violations =
-            build_snapshot(&config(bad.iter().map(|(n, j)| api(n, j)).collect()), &secrets, &[0; 32]).unwrap_err();
+        let violations = build_snapshot(
+            &config(bad.iter().map(|(n, j)| api(n, j)).collect()),
+            &secrets,
+            &[0; 32],
+            &SpecCache::default(),
+        )
+        .unwrap_err();
         let mut paths: Vec<&str> = violations.iter().map(|v| v.path.as_str()).collect();
         paths.sort_unstable();
         assert_eq!(

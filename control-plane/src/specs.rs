@@ -1,10 +1,22 @@
 //! OpenAPI spec intake: an uploaded document (`/v1/specs`, `sluice apply`) is parsed and checked here before the
 //! store keeps it, so a spec that reaches a snapshot is already known to be well-formed and self-contained.
 
+use std::collections::HashMap;
 use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 use thiserror::Error;
+
+use crate::nesting::{TooDeep, check_flow_depth};
+
+/// How large a spec's text may be unless `--max-spec-bytes` says otherwise.
+pub const DEFAULT_MAX_SPEC_BYTES: usize = 5 * 1024 * 1024;
+
+/// Deepest flow nesting a spec's text may have: far beyond real documents (JSON schemas nest a few dozen levels),
+/// low enough that libyaml's per-token cost, which grows with the depth, stays small.
+pub const MAX_SPEC_DEPTH: usize = 128;
 
 /// A spec that passed every upload check. `json` is the whole document as JSON, the form snapshots carry.
 #[derive(Debug, Clone, PartialEq)]
@@ -41,6 +53,10 @@ pub enum SpecError {
     Invalid { version: String, message: String, line: Option<usize>, column: Option<usize> },
     #[error("{}", RefList(.0))]
     BadRefs(Vec<RefProblem>),
+    #[error("the document is {0}")]
+    TooDeep(TooDeep),
+    #[error("the document is {size} bytes; specs are limited to {limit} bytes (--max-spec-bytes)")]
+    TooLarge { size: usize, limit: usize },
 }
 
 impl SpecError {
@@ -97,7 +113,83 @@ enum Flavor {
     V31,
 }
 
+/// What the control plane keeps of a parsed spec: the fields read from it and the JSON text snapshots carry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpecSummary {
+    pub openapi_version: String,
+    pub title: String,
+    pub base_path: Option<String>,
+    pub server_origin: Option<String>,
+    pub json: String,
+}
+
+impl From<ParsedSpec> for SpecSummary {
+    fn from(parsed: ParsedSpec) -> Self {
+        Self {
+            openapi_version: parsed.openapi_version,
+            title: parsed.title,
+            base_path: parsed.base_path,
+            server_origin: parsed.server_origin,
+            json: parsed.json.to_string(),
+        }
+    }
+}
+
+/// Parsed specs by the SHA-256 of their text, shared by the uploads and writes of one process: a spec is parsed
+/// when its text is new, not again on every write, and one parsed copy is kept however many versions use it.
+/// `sweep` (after each commit) forgets the texts no parse asked for since the previous sweep.
+#[derive(Debug, Default)]
+pub struct SpecCache {
+    entries: Mutex<HashMap<[u8; 32], CacheEntry>>,
+}
+
+#[derive(Debug)]
+struct CacheEntry {
+    spec: Arc<SpecSummary>,
+    used: bool,
+}
+
+impl SpecCache {
+    /// The spec's summary: from the cache when this text was parsed before, else parsed now (outside the lock).
+    pub fn parse(&self, content: &str) -> Result<Arc<SpecSummary>, SpecError> {
+        let digest: [u8; 32] = Sha256::digest(content.as_bytes()).into();
+        if let Some(entry) = self.lock().get_mut(&digest) {
+            entry.used = true;
+            return Ok(entry.spec.clone());
+        }
+        let spec = Arc::new(SpecSummary::from(parse_spec(content)?));
+        self.lock().insert(digest, CacheEntry { spec: spec.clone(), used: true });
+        Ok(spec)
+    }
+
+    /// Drops the specs no `parse` asked for since the last sweep.
+    pub fn sweep(&self) {
+        self.lock().retain(|_, entry| std::mem::replace(&mut entry.used, false));
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], CacheEntry>> {
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Refuses a spec text over `limit` bytes before anything parses it.
+pub fn check_spec_size(content: &str, limit: usize) -> Result<(), SpecError> {
+    if content.len() > limit {
+        return Err(SpecError::TooLarge { size: content.len(), limit });
+    }
+    Ok(())
+}
+
 pub fn parse_spec(content: &str) -> Result<ParsedSpec, SpecError> {
+    check_flow_depth(content.as_bytes(), MAX_SPEC_DEPTH).map_err(SpecError::TooDeep)?;
     // JSON is valid YAML, so one parser covers both upload formats and gives line/column for either.
     let json: Value = yaml_serde::from_str(content).map_err(|e| {
         let location = e.location();

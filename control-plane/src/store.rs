@@ -31,6 +31,7 @@ use tokio::sync::watch;
 use crate::model::Config;
 use crate::secrets::SecretBox;
 use crate::snapshot::build_snapshot;
+use crate::specs::{DEFAULT_MAX_SPEC_BYTES, SpecCache};
 
 pub use data_planes::DataPlaneRecord;
 use history::latest_head;
@@ -67,11 +68,13 @@ pub const DEFAULT_KEEP_SNAPSHOTS: u64 = 100;
 pub struct StoreOptions {
     /// Versions kept in the history; each write deletes older ones in its own transaction.
     pub keep_snapshots: u64,
+    /// Largest spec text an upload may have (`--max-spec-bytes`).
+    pub max_spec_bytes: usize,
 }
 
 impl Default for StoreOptions {
     fn default() -> Self {
-        Self { keep_snapshots: DEFAULT_KEEP_SNAPSHOTS }
+        Self { keep_snapshots: DEFAULT_KEEP_SNAPSHOTS, max_spec_bytes: DEFAULT_MAX_SPEC_BYTES }
     }
 }
 
@@ -227,6 +230,8 @@ struct Inner {
     /// write; this is used only when its version is the database's newest, so
     /// a write by another control plane on the same database makes it reload.
     newest: std::sync::Mutex<Option<Newest>>,
+    /// Specs parsed by uploads and writes, one copy per distinct text in use.
+    specs: SpecCache,
     /// Dropped with the store; ends the background version watcher.
     _shutdown: watch::Sender<()>,
 }
@@ -278,9 +283,10 @@ impl Store {
                 backend,
                 secrets,
                 api_key_hmac_key,
-                options: StoreOptions { keep_snapshots: options.keep_snapshots.max(1) },
+                options: StoreOptions { keep_snapshots: options.keep_snapshots.max(1), ..options },
                 versions,
                 newest: std::sync::Mutex::default(),
+                specs: SpecCache::default(),
                 _shutdown: shutdown,
             }),
         };
@@ -308,6 +314,16 @@ impl Store {
 
     pub fn secrets(&self) -> &SecretBox {
         &self.inner.secrets
+    }
+
+    /// The parsed specs, shared by uploads (`prepare`) and the snapshot build of every write.
+    pub fn specs(&self) -> &SpecCache {
+        &self.inner.specs
+    }
+
+    /// Largest spec text an upload may have (`--max-spec-bytes`).
+    pub fn max_spec_bytes(&self) -> usize {
+        self.inner.options.max_spec_bytes
     }
 
     /// How many versions the history keeps (`--keep-snapshots`).
@@ -420,7 +436,8 @@ impl Store {
         resources::sort(&mut config);
 
         let mut snapshot =
-            build_snapshot(&config, &self.inner.secrets, &self.inner.api_key_hmac_key).map_err(WriteError::Invalid)?;
+            build_snapshot(&config, &self.inner.secrets, &self.inner.api_key_hmac_key, &self.inner.specs)
+                .map_err(WriteError::Invalid)?;
         let writes = resources::row_writes(&before, &config)?;
         if let Some((version, hash)) = &latest
             && *hash == snapshot.hash
@@ -507,6 +524,8 @@ impl Store {
             author = note.author,
             "configuration committed"
         );
+        // The specs of this configuration stay parsed; replaced ones are dropped.
+        self.inner.specs.sweep();
         // Before publishing, so the sync server finds the snapshot in memory.
         self.remember(Newest { version, config: Arc::new(config), snapshot: Some(Arc::new(snapshot)) });
         self.publish(version);

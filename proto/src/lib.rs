@@ -17,7 +17,7 @@ pub mod v1 {
 }
 
 pub use canonical::{canonicalize, content_hash};
-pub use validate::{Violation, check_name, parse_cidr, policy_name, validate};
+pub use validate::{MAX_NAME_LEN, NAME_PATTERN, Violation, check_name, parse_cidr, policy_name, validate};
 
 /// Version of the sync protocol. A data plane whose Hello carries another
 /// version is refused with a reason, so that a mixed-version cluster fails

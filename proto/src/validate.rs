@@ -10,7 +10,8 @@ use std::net::IpAddr;
 
 use crate::path;
 use crate::v1::{
-    Api, Balance, Certificate, Consumer, HashSource, Policy, RateLimitKey, Snapshot, Upstream, policy::Kind,
+    Api, Balance, Certificate, Consumer, HashSource, HeaderRules, Policy, RateLimitKey, Snapshot, Upstream,
+    policy::Kind,
 };
 
 // The control plane validates every write and a data plane every snapshot,
@@ -33,7 +34,10 @@ impl fmt::Display for Violation {
     }
 }
 
-const MAX_NAME_LEN: usize = 128;
+/// Longest name of an API, upstream, consumer, spec or certificate.
+pub const MAX_NAME_LEN: usize = 128;
+/// The alphabet of names, as the admin API's OpenAPI document publishes it (`check_name` is the rule).
+pub const NAME_PATTERN: &str = "^[A-Za-z0-9._@-]+$";
 const METHODS: &[&str] = &["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"];
 const JWT_ALGORITHMS: &[&str] =
     &["HS256", "HS384", "HS512", "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "EdDSA"];
@@ -108,14 +112,19 @@ fn check_api(v: &mut Violations, api: &Api, upstreams: &HashSet<&str>, specs: &H
             v.push(format!("{}/{i}", at("hosts")), message);
         }
     }
-    if let Err(message) = check_path(&api.path_prefix, false).and_then(|()| path::check_canonical(&api.path_prefix)) {
+    if let Err(message) = check_path(&api.path_prefix, false)
+        .and_then(|()| check_route_path(&api.path_prefix))
+        .and_then(|()| path::check_canonical(&api.path_prefix))
+    {
         v.push(at("path_prefix"), message);
     }
     if api.forward_raw_path && api.strip_prefix {
         v.push(at("forward_raw_path"), "cannot be combined with strip_prefix, which rewrites the canonical path");
     }
     for (i, path) in api.paths.iter().enumerate() {
-        if let Err(message) = check_path(path, true).and_then(|()| path::check_canonical(path)) {
+        if let Err(message) =
+            check_path(path, true).and_then(|()| check_route_path(path)).and_then(|()| path::check_canonical(path))
+        {
             v.push(format!("{}/{i}", at("paths")), message);
         } else if !path.starts_with(api.path_prefix.trim_end_matches('/')) {
             v.push(format!("{}/{i}", at("paths")), format!("must lie under path_prefix `{}`", api.path_prefix));
@@ -209,31 +218,154 @@ fn check_policy(v: &mut Violations, at: &str, policy: &Policy) {
         }
         Some(Kind::Headers(p)) => {
             for (side, rules) in [("request", &p.request), ("response", &p.response)] {
-                let Some(rules) = rules else { continue };
-                let names = rules
-                    .set
-                    .iter()
-                    .map(|h| &h.name)
-                    .chain(rules.add.iter().map(|h| &h.name))
-                    .chain(rules.remove.iter())
-                    .chain(rules.rename.iter().flat_map(|r| [&r.from, &r.to]));
-                for name in names {
-                    if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
-                        v.push(format!("{at}/{side}"), format!("`{name}` is not a valid header name"));
-                    }
-                }
-                for h in rules.set.iter().chain(rules.add.iter()) {
-                    if http::HeaderValue::from_str(&h.value).is_err() {
-                        v.push(
-                            format!("{at}/{side}"),
-                            format!("the value of `{}` is not a valid header value", h.name),
-                        );
-                    }
+                if let Some(rules) = rules {
+                    check_header_rules(v, &format!("{at}/{side}"), rules);
                 }
             }
         }
         _ => {}
     }
+    check_policy_text(v, at, policy);
+}
+
+/// The header names and values of a `headers` policy, each at its own path (`/set/x-a`, `/rename/x-old`).
+fn check_header_rules(v: &mut Violations, at: &str, rules: &HeaderRules) {
+    for (list, headers) in [("set", &rules.set), ("add", &rules.add)] {
+        for h in headers {
+            let at = format!("{at}/{list}/{}", pointer_token(&h.name));
+            if let Err(message) = check_header_name(&h.name) {
+                v.push(at.clone(), message);
+            }
+            if let Err(message) = check_header_value(&h.value) {
+                v.push(at, message);
+            }
+        }
+    }
+    for (i, name) in rules.remove.iter().enumerate() {
+        if let Err(message) = check_header_name(name) {
+            v.push(format!("{at}/remove/{i}"), message);
+        }
+    }
+    for rename in &rules.rename {
+        let at = format!("{at}/rename/{}", pointer_token(&rename.from));
+        for name in [&rename.from, &rename.to] {
+            if let Err(message) = check_header_name(name) {
+                v.push(at.clone(), message);
+            }
+        }
+    }
+}
+
+/// Policy fields that the data plane puts into a header name or value (a key's header, the `WWW-Authenticate`
+/// challenge's realm and query parameter, a rate-limit bucket's header) or compares with what a client sent (JWT
+/// issuer, audiences and claim names): a value the data plane cannot use there is refused here, not NACKed later.
+fn check_policy_text(v: &mut Violations, at: &str, policy: &Policy) {
+    let mut header_name = |field: &str, name: &str| {
+        if !name.is_empty()
+            && let Err(message) = check_header_name(name)
+        {
+            v.0.push(Violation { path: format!("{at}/{field}"), message });
+        }
+    };
+    match &policy.kind {
+        Some(Kind::ApiKey(p)) => header_name("header", &p.header),
+        // The data plane trims the header name of a rate limit before parsing it.
+        Some(Kind::RateLimit(p)) => header_name("header", p.header.trim()),
+        _ => {}
+    }
+    // Sent in the `WWW-Authenticate` challenge.
+    let in_header = match &policy.kind {
+        Some(Kind::BasicAuth(p)) => Some(("realm", p.realm.as_str())),
+        Some(Kind::ApiKey(p)) => Some(("query_param", p.query_param.as_str())),
+        _ => None,
+    };
+    if let Some((field, text)) = in_header
+        && let Err(message) = check_header_value(text)
+    {
+        v.push(format!("{at}/{field}"), message);
+    }
+    if let Some(Kind::Jwt(p)) = &policy.kind {
+        let texts = [("issuer".to_string(), &p.issuer), ("key_claim".into(), &p.key_claim)]
+            .into_iter()
+            .chain([("consumer_claim".to_string(), &p.consumer_claim)])
+            .chain(p.audiences.iter().enumerate().map(|(i, a)| (format!("audiences/{i}"), a)));
+        for (field, text) in texts {
+            if let Err(message) = check_no_control(text) {
+                v.push(format!("{at}/{field}"), message);
+            }
+        }
+    }
+}
+
+/// A header name the data plane sets, reads or hashes on (also a cookie name, RFC 6265's `token`): parsed by the
+/// same `http::HeaderName` the data plane compiles it with, so `x-ü😀` or a NUL is refused at write time.
+pub fn check_header_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("must not be empty".into());
+    }
+    http::HeaderName::from_bytes(name.as_bytes()).map(drop).map_err(|_| {
+        format!(
+            "`{}` is not a valid header name: only ASCII letters, digits and !#$%&'*+-.^_`|~ are allowed",
+            name.escape_debug()
+        )
+    })
+}
+
+/// Text the data plane sends in a header value: what `http::HeaderValue::from_str` accepts (no control characters
+/// such as NUL, a line break or DEL; tabs are allowed).
+pub fn check_header_value(value: &str) -> Result<(), String> {
+    http::HeaderValue::from_str(value).map(drop).map_err(|_| {
+        format!(
+            "`{}` cannot be sent in an HTTP header: control characters (NUL, line breaks) are not allowed",
+            value.escape_debug()
+        )
+    })
+}
+
+/// Text that names something to match or log (a JWT key id, a claim): no control characters.
+pub fn check_no_control(text: &str) -> Result<(), String> {
+    if text.chars().any(char::is_control) {
+        return Err(format!("`{}` must not contain control characters (NUL, tabs, line breaks)", text.escape_debug()));
+    }
+    Ok(())
+}
+
+/// A route's prefix or path: a request target never carries control characters or white space, so a route that
+/// holds one could never match.
+pub fn check_route_path(path: &str) -> Result<(), String> {
+    if path.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(format!(
+            "`{}` must not contain white space or control characters; percent-encode them",
+            path.escape_debug()
+        ));
+    }
+    Ok(())
+}
+
+/// The path (and query) of a request the data plane builds itself, such as a health probe: what `http`'s URI
+/// parser accepts, as the data plane parses `scheme://authority` + this.
+pub fn check_request_target(target: &str) -> Result<(), String> {
+    if !target.starts_with('/') {
+        return Err("must start with `/`".into());
+    }
+    if target.contains('#') {
+        return Err(format!("`{}` must not contain a fragment", target.escape_debug()));
+    }
+    target.parse::<http::uri::PathAndQuery>().map(drop).map_err(|_| {
+        format!("`{}` is not a valid request path: percent-encode spaces and control characters", target.escape_debug())
+    })
+}
+
+/// `tls.sni`: what rustls accepts as the server name it sends and verifies, as the data plane parses it.
+pub fn check_server_name(sni: &str) -> Result<(), String> {
+    rustls_pki_types::ServerName::try_from(sni)
+        .map(drop)
+        .map_err(|_| format!("`{}` is not a valid DNS name or IP address", sni.escape_debug()))
+}
+
+/// JSON pointer escaping of one reference token (RFC 6901).
+fn pointer_token(token: &str) -> String {
+    token.replace('~', "~0").replace('/', "~1")
 }
 
 /// Parses `10.0.0.0/8`, `::1/128` or a bare address.
@@ -349,11 +481,23 @@ fn check_upstream(v: &mut Violations, upstream: &Upstream, certificates: &HashSe
             v.push(at("hash_on/name"), "is required when hashing on a header or cookie");
         }
     }
+    if let Some(hash_on) = &upstream.hash_on
+        && !hash_on.name.is_empty()
+        && let Err(message) = check_header_name(&hash_on.name)
+    {
+        v.push(at("hash_on/name"), message);
+    }
+    if let Some(tls) = &upstream.tls
+        && !tls.sni.is_empty()
+        && let Err(message) = check_server_name(&tls.sni)
+    {
+        v.push(at("tls/sni"), message);
+    }
     if let Some(check) = &upstream.health_check
         && !check.path.is_empty()
     {
-        if !check.path.starts_with('/') {
-            v.push(at("health_check/path"), "must start with `/`");
+        if let Err(message) = check_request_target(&check.path) {
+            v.push(at("health_check/path"), message);
         }
         if check.interval_ms == 0 {
             v.push(at("health_check/interval"), "must be positive");
@@ -410,6 +554,8 @@ fn check_consumers(v: &mut Violations, consumers: &[Consumer]) {
             let at = format!("{}/{i}", at("jwt"));
             if credential.key.is_empty() {
                 v.push(format!("{at}/key"), "must not be empty");
+            } else if let Err(message) = check_no_control(&credential.key) {
+                v.push(format!("{at}/key"), message);
             } else if let Some(other) = jwt_owner.insert(&credential.key, &consumer.username) {
                 v.push(
                     format!("{at}/key"),
@@ -519,6 +665,77 @@ mod tests {
             ("", false),
         ] {
             assert_eq!(check_target_url(url).is_ok(), ok, "{url}");
+        }
+    }
+
+    #[test]
+    fn what_the_data_plane_cannot_use_is_refused_at_its_path() {
+        use crate::v1::{ActiveHealthCheck, ApiKeyAuth, HashOn, HeaderRules, Headers, JwtCredential, UpstreamTls};
+        let mut backend = upstream("backend");
+        backend.hash_on = Some(HashOn { source: HashSource::Header as i32, name: "x-ü😀".into() });
+        backend.tls = Some(UpstreamTls { sni: "a\0b.example".into(), ..Default::default() });
+        backend.health_check = Some(ActiveHealthCheck {
+            path: "/health\0".into(),
+            interval_ms: 1,
+            timeout_ms: 1,
+            healthy_threshold: 1,
+            unhealthy_threshold: 1,
+        });
+        let mut shop = api("shop", "backend");
+        shop.path_prefix = "/sh\0op".into();
+        let rules = HeaderRules {
+            set: vec![crate::v1::HeaderValue { name: "x-ü😀".into(), value: "a\nb".into() }],
+            remove: vec!["x\0".into()],
+            ..Default::default()
+        };
+        shop.policies = vec![
+            Policy { kind: Some(Kind::ApiKey(ApiKeyAuth { header: "x key".into(), query_param: "k\0".into() })) },
+            Policy { kind: Some(Kind::Headers(Headers { request: Some(rules), response: None })) },
+        ];
+        let consumer = Consumer {
+            username: "alice".into(),
+            jwt_credentials: vec![JwtCredential {
+                key: "k\0".into(),
+                algorithm: "HS256".into(),
+                secret: "s".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let snapshot =
+            Snapshot { apis: vec![shop], upstreams: vec![backend], consumers: vec![consumer], ..Default::default() };
+        let mut found = paths(&snapshot);
+        found.sort();
+        assert_eq!(
+            found,
+            [
+                "/apis/shop/path_prefix",
+                "/apis/shop/policies/0/api_key/header",
+                "/apis/shop/policies/0/api_key/query_param",
+                "/apis/shop/policies/1/headers/request/remove/0",
+                "/apis/shop/policies/1/headers/request/set/x-ü😀",
+                "/apis/shop/policies/1/headers/request/set/x-ü😀",
+                "/consumers/alice/jwt/0/key",
+                "/upstreams/backend/hash_on/name",
+                "/upstreams/backend/health_check/path",
+                "/upstreams/backend/tls/sni",
+            ]
+        );
+    }
+
+    #[test]
+    fn header_names_are_tokens_and_values_visible_ascii() {
+        for (name, ok) in [("x-tenant", true), ("X-Tenant", true), ("x-ü😀", false), ("x a", false), ("", false)] {
+            assert_eq!(check_header_name(name).is_ok(), ok, "{name:?}");
+        }
+        for (value, ok) in [("a b\tc", true), ("a\0b", false), ("a\r\nb", false), ("ü", true), ("a\u{7f}", false)] {
+            assert_eq!(check_header_value(value).is_ok(), ok, "{value:?}");
+        }
+        for (sni, ok) in [("api.example.com", true), ("10.0.0.1", true), ("a\0b", false), ("bad name!", false)] {
+            assert_eq!(check_server_name(sni).is_ok(), ok, "{sni:?}");
+        }
+        for (target, ok) in [("/health?full=1", true), ("health", false), ("/a b", false), ("/a#b", false)] {
+            assert_eq!(check_request_target(target).is_ok(), ok, "{target:?}");
         }
     }
 

@@ -12,7 +12,7 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::body::{parse, request_format};
+use super::body::decode_body;
 use super::crud::Page;
 use super::error::{AdminError, FieldError, Problem};
 use super::{PROBLEM, Shared};
@@ -65,8 +65,7 @@ async fn create_token(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, AdminError> {
-    let value = parse(&body, request_format(&headers)?)?;
-    let request: TokenRequest = admin.schemas.decode("TokenRequest", value)?;
+    let request: TokenRequest = decode_body(&admin, &headers, body, "TokenRequest", |_| Ok(())).await?;
     if let Err(message) = check_token_name(&request.name) {
         return Err(AdminError::InvalidBody(vec![FieldError::new("/name", message)]));
     }

@@ -3,14 +3,18 @@
 //! pointer, before serde would stop at the first), and RFC 7396 merge patches.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
+use axum::body::Bytes;
 use axum::http::{HeaderMap, header};
 use jsonschema::error::ValidationErrorKind;
 use jsonschema::{ValidationError, Validator};
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
 
+use super::Shared;
 use super::error::{AdminError, FieldError};
+use crate::nesting::check_flow_depth;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
@@ -54,20 +58,68 @@ pub fn wants_yaml(headers: &HeaderMap, format: Option<&str>) -> bool {
     }
 }
 
+/// Deepest nesting of collections a request body may have. The model nests about eight levels; the limit only has
+/// to stop bodies built to make a parser slow (libyaml's cost grows with the depth on every token).
+pub const MAX_DEPTH: usize = 64;
+
+/// Runs first in every body's task on the blocking pool; tests use it to hold a parse in progress.
+pub type ParseHook = Arc<dyn Fn() + Send + Sync>;
+
+/// Parses the body, lets `shape` adjust the value (fill in a name, apply a merge patch), then checks it against
+/// the schema `schema` and decodes it. All of it runs on the blocking pool: a large or hostile body then holds a
+/// blocking thread, never one of the runtime's workers that serve every other request, health probes included.
+pub(crate) async fn decode_body<T>(
+    admin: &Shared,
+    headers: &HeaderMap,
+    body: Bytes,
+    schema: &'static str,
+    shape: impl FnOnce(&mut Value) -> Result<(), AdminError> + Send + 'static,
+) -> Result<T, AdminError>
+where
+    T: DeserializeOwned + Send + 'static,
+{
+    let format = request_format(headers)?;
+    let admin = admin.clone();
+    tokio::task::spawn_blocking(move || {
+        if let Some(hook) = &admin.parse_hook {
+            hook();
+        }
+        let mut value = parse(&body, format)?;
+        shape(&mut value)?;
+        admin.schemas.decode(schema, value)
+    })
+    .await
+    .map_err(|e| AdminError::Internal(format!("body task failed: {e}")))?
+}
+
 /// Parses the body into a JSON value. Parser messages name a line and column, never echo the input, so a secret in
-/// a malformed body does not end up in the response.
+/// a malformed body does not end up in the response. The nesting is measured before any parser runs.
 pub fn parse(bytes: &[u8], format: Format) -> Result<Value, AdminError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(AdminError::MalformedBody { detail: "the request body is empty".into() });
     }
+    check_flow_depth(bytes, MAX_DEPTH)
+        .map_err(|e| AdminError::BodyLimit { detail: format!("the request body is {e}") })?;
     match format {
         Format::Json => serde_json::from_slice(bytes).map_err(|e| AdminError::MalformedBody { detail: e.to_string() }),
         Format::Yaml => {
-            let malformed = |detail: String| AdminError::MalformedBody { detail };
-            let mut value: yaml_serde::Value = yaml_serde::from_slice(bytes).map_err(|e| malformed(e.to_string()))?;
-            value.apply_merge().map_err(|e| malformed(e.to_string()))?;
-            yaml_to_json(value).map_err(malformed)
+            let mut value: yaml_serde::Value = yaml_serde::from_slice(bytes).map_err(yaml_error)?;
+            value.apply_merge().map_err(yaml_error)?;
+            yaml_to_json(value).map_err(|detail| AdminError::MalformedBody { detail })
         }
+    }
+}
+
+/// YAML's nesting in block style (indentation) and its aliases are bounded by the parser itself; those refusals
+/// are limits, not syntax errors.
+fn yaml_error(error: yaml_serde::Error) -> AdminError {
+    let detail = error.to_string();
+    if detail.starts_with("recursion limit exceeded") {
+        AdminError::BodyLimit { detail: format!("the request body is nested too deeply: {detail}") }
+    } else if detail.starts_with("repetition limit exceeded") {
+        AdminError::BodyLimit { detail: format!("the request body's aliases expand too far: {detail}") }
+    } else {
+        AdminError::MalformedBody { detail }
     }
 }
 
@@ -139,21 +191,79 @@ impl Schemas {
     }
 
     /// Checks `value` against the schema `name` and lists every problem.
+    #[cfg(test)]
     pub fn check(&self, name: &str, value: &Value) -> Result<(), AdminError> {
-        let Some(validator) = self.validators.get(name) else { return Ok(()) };
+        let errors = self.errors(name, value);
+        if errors.is_empty() { Ok(()) } else { Err(AdminError::InvalidBody(errors)) }
+    }
+
+    fn errors(&self, name: &str, value: &Value) -> Vec<FieldError> {
+        let Some(validator) = self.validators.get(name) else { return Vec::new() };
         let mut errors = Vec::new();
         for error in validator.iter_errors(value) {
             field_errors(&error, &mut errors);
         }
         errors.dedup();
-        if errors.is_empty() { Ok(()) } else { Err(AdminError::InvalidBody(errors)) }
+        errors
     }
 
-    /// Schema check, then serde. Serde still runs because some rules live only in code (durations, enums'
-    /// spellings); its error is reported as one more field error.
+    /// Every problem the schema finds, and every number written with a fraction (`weight: 5.0`: JSON Schema
+    /// counts it as an integer, serde does not, and no field of the model is a float), all at once, each at its
+    /// pointer. Serde runs only on a body that passed both; what it can still refuse (a duration too long for the
+    /// clock) is reported at the pointer where it stopped.
     pub fn decode<T: DeserializeOwned>(&self, name: &str, value: Value) -> Result<T, AdminError> {
-        self.check(name, &value)?;
-        serde_json::from_value(value).map_err(|e| AdminError::InvalidBody(vec![FieldError::new("", e.to_string())]))
+        let mut errors = self.errors(name, &value);
+        let mut fractions = Vec::new();
+        fractional_numbers(&value, &mut String::new(), &mut fractions);
+        fractions.retain(|f| !errors.iter().any(|e| e.pointer == f.pointer));
+        errors.append(&mut fractions);
+        if !errors.is_empty() {
+            return Err(AdminError::InvalidBody(errors));
+        }
+        serde_path_to_error::deserialize(value).map_err(|e| {
+            let mut pointer = String::new();
+            for segment in e.path().iter() {
+                use serde_path_to_error::Segment;
+                match segment {
+                    Segment::Seq { index } => pointer.push_str(&format!("/{index}")),
+                    Segment::Map { key } | Segment::Enum { variant: key } => {
+                        pointer.push('/');
+                        pointer.push_str(&escape(key));
+                    }
+                    Segment::Unknown => {}
+                }
+            }
+            AdminError::InvalidBody(vec![FieldError::new(pointer, e.into_inner().to_string())])
+        })
+    }
+}
+
+/// Numbers that carry a fraction or an exponent (`5.0`, `1e3`), by pointer.
+fn fractional_numbers(value: &Value, pointer: &mut String, out: &mut Vec<FieldError>) {
+    let len = pointer.len();
+    match value {
+        Value::Number(n) if n.is_f64() => {
+            out.push(FieldError::new(
+                pointer.clone(),
+                "must be a whole number, written without a fraction or exponent",
+            ));
+        }
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                pointer.push_str(&format!("/{i}"));
+                fractional_numbers(item, pointer, out);
+                pointer.truncate(len);
+            }
+        }
+        Value::Object(object) => {
+            for (key, item) in object {
+                pointer.push('/');
+                pointer.push_str(&escape(key));
+                fractional_numbers(item, pointer, out);
+                pointer.truncate(len);
+            }
+        }
+        _ => {}
     }
 }
 

@@ -52,8 +52,8 @@ impl Collection for Consumer {
 impl Collection for Spec {
     const SCHEMA: &'static str = "Spec";
 
-    fn prepare(self, _previous: Option<&Self>, _store: &Store) -> Result<Self, Vec<Violation>> {
-        prepare_spec(self)
+    fn prepare(self, _previous: Option<&Self>, store: &Store) -> Result<Self, Vec<Violation>> {
+        prepare_spec(self, store.specs(), store.max_spec_bytes())
     }
     fn referrers(config: &Config, name: &str) -> Vec<String> {
         config

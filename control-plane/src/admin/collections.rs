@@ -57,7 +57,7 @@ macro_rules! collection {
             headers: HeaderMap,
             body: Bytes,
         ) -> Result<Response, AdminError> {
-            crud::create::<$ty>(&admin, &principal.name, &headers, &body).await
+            crud::create::<$ty>(&admin, &principal.name, &headers, body).await
         }
 
         #[utoipa::path(
@@ -95,7 +95,7 @@ macro_rules! collection {
             headers: HeaderMap,
             body: Bytes,
         ) -> Result<Response, AdminError> {
-            crud::replace::<$ty>(&admin, &principal.name, &name, &headers, &body).await
+            crud::replace::<$ty>(&admin, &principal.name, &name, &headers, body).await
         }
 
         #[utoipa::path(
@@ -121,7 +121,7 @@ macro_rules! collection {
             headers: HeaderMap,
             body: Bytes,
         ) -> Result<Response, AdminError> {
-            crud::patch::<$ty>(&admin, &principal.name, &name, &headers, &body).await
+            crud::patch::<$ty>(&admin, &principal.name, &name, &headers, body).await
         }
 
         #[utoipa::path(

@@ -12,7 +12,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::body::{parse, request_format, wants_yaml};
+use super::body::{decode_body, wants_yaml};
 use super::error::{AdminError, FieldError, Problem};
 use super::{PROBLEM, Shared, VERSION_HEADER, write_error};
 use crate::model::Config;
@@ -116,13 +116,19 @@ async fn import_config(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, AdminError> {
-    let value = parse(&body, request_format(&headers)?)?;
-    let config: Config = admin.schemas.decode("Config", value)?;
+    let config: Config = decode_body(&admin, &headers, body, "Config", |_| Ok(())).await?;
     let version = admin.store.current_version();
     let previous = admin.store.config().await?;
     let store = admin.store.clone();
     let (prepared, previous) = tokio::task::spawn_blocking(move || {
-        let prepared = prepare_config(config, &previous, store.secrets(), store.api_key_hmac_key());
+        let prepared = prepare_config(
+            config,
+            &previous,
+            store.secrets(),
+            store.api_key_hmac_key(),
+            store.specs(),
+            store.max_spec_bytes(),
+        );
         (prepared, previous)
     })
     .await
@@ -135,7 +141,7 @@ async fn import_config(
     if query.dry_run {
         // The same snapshot build the write would run, so a dry run that passes means the import will too
         // (unless someone writes in between).
-        build_snapshot(&prepared, admin.store.secrets(), admin.store.api_key_hmac_key())
+        build_snapshot(&prepared, admin.store.secrets(), admin.store.api_key_hmac_key(), admin.store.specs())
             .map_err(AdminError::invalid_config)?;
         let diff = diff_config(&previous, &prepared);
         let result = ImportResult { dry_run: true, changed: !diff.is_empty(), version, diff };

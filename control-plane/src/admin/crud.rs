@@ -2,16 +2,17 @@
 //! handlers in `collections.rs`. Each write parses and schema-checks the body, prepares secrets and specs outside
 //! the store lock (Argon2 is slow), then re-checks names inside `Store::write`, where the configuration is current.
 
+use axum::body::Bytes;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
-use super::body::{merge_patch, parse, request_format};
+use super::body::{decode_body, merge_patch};
 use super::collection::Collection;
 use super::error::{AdminError, FieldError};
-use super::{Admin, VERSION_HEADER, write_error};
+use super::{Admin, Shared, VERSION_HEADER, write_error};
 use crate::store::Note;
 
 pub const DEFAULT_PAGE: u32 = 100;
@@ -68,13 +69,12 @@ fn summary<R: Collection>(verb: &str, name: &str) -> String {
 }
 
 pub async fn create<R: Collection>(
-    admin: &Admin,
+    admin: &Shared,
     author: &str,
     headers: &HeaderMap,
-    body: &[u8],
+    body: Bytes,
 ) -> Result<Response, AdminError> {
-    let value = parse(body, request_format(headers)?)?;
-    let item: R = admin.schemas.decode(R::SCHEMA, value)?;
+    let item: R = decode_body(admin, headers, body, R::SCHEMA, |_| Ok(())).await?;
     let name = item.name().to_string();
     // Checked here too so a conflict is reported before the slow prepare; the check in the write is the one that
     // holds under concurrency.
@@ -103,15 +103,14 @@ pub async fn create<R: Collection>(
 /// from the URL; a body may repeat it but not contradict it, since renaming through PUT would silently orphan the
 /// references to the old name.
 pub async fn replace<R: Collection>(
-    admin: &Admin,
+    admin: &Shared,
     author: &str,
     name: &str,
     headers: &HeaderMap,
-    body: &[u8],
+    body: Bytes,
 ) -> Result<Response, AdminError> {
-    let mut value = parse(body, request_format(headers)?)?;
-    fill_name::<R>(&mut value, name)?;
-    let item: R = admin.schemas.decode(R::SCHEMA, value)?;
+    let url_name = name.to_string();
+    let item: R = decode_body(admin, headers, body, R::SCHEMA, move |value| fill_name::<R>(value, &url_name)).await?;
     let config = admin.store.config().await?;
     let previous = R::items(&config).iter().find(|existing| existing.name() == name).cloned();
     let summary = summary::<R>(if previous.is_some() { "replace" } else { "create" }, name);
@@ -146,23 +145,26 @@ pub async fn replace<R: Collection>(
 /// are absent from the stored form, so patching `{"basic_auth": {"password": "new"}}` sets a new password and
 /// leaves the other credentials alone.
 pub async fn patch<R: Collection>(
-    admin: &Admin,
+    admin: &Shared,
     author: &str,
     name: &str,
     headers: &HeaderMap,
-    body: &[u8],
+    body: Bytes,
 ) -> Result<Response, AdminError> {
-    let patch = parse(body, request_format(headers)?)?;
     let config = admin.store.config().await?;
     let current = R::items(&config)
         .iter()
         .find(|item| item.name() == name)
         .cloned()
         .ok_or_else(|| AdminError::not_found(R::KIND, name))?;
-    let mut value = serde_json::to_value(&current).map_err(|e| AdminError::Internal(e.to_string()))?;
-    merge_patch(&mut value, patch);
-    fill_name::<R>(&mut value, name)?;
-    let item: R = admin.schemas.decode(R::SCHEMA, value)?;
+    let stored = serde_json::to_value(&current).map_err(|e| AdminError::Internal(e.to_string()))?;
+    let url_name = name.to_string();
+    let item: R = decode_body(admin, headers, body, R::SCHEMA, move |value| {
+        let patch = std::mem::replace(value, stored);
+        merge_patch(value, patch);
+        fill_name::<R>(value, &url_name)
+    })
+    .await?;
     let prepared = prepare(admin, item, Some(current)).await?;
     let summary = summary::<R>("patch", name);
     let committed = admin

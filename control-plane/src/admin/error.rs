@@ -86,6 +86,9 @@ pub enum AdminError {
     /// The body is not JSON/YAML at all, or is empty.
     #[error("the request body cannot be parsed: {detail}")]
     MalformedBody { detail: String },
+    /// The body exceeds a parsing limit: nested too deeply, or aliases that expand too far.
+    #[error("{detail}")]
+    BodyLimit { detail: String },
     /// The body parsed but does not fit the schema: wrong types, unknown or missing fields.
     #[error("the request body has {} invalid field(s)", .0.len())]
     InvalidBody(Vec<FieldError>),
@@ -153,6 +156,9 @@ impl AdminError {
             Self::Referenced { .. } => (StatusCode::CONFLICT, "referenced", "The resource is still referenced"),
             Self::MalformedBody { .. } => {
                 (StatusCode::BAD_REQUEST, "malformed-body", "The request body cannot be parsed")
+            }
+            Self::BodyLimit { .. } => {
+                (StatusCode::UNPROCESSABLE_ENTITY, "body-limit", "The request body exceeds a parsing limit")
             }
             Self::InvalidBody(_) => (StatusCode::BAD_REQUEST, "invalid-body", "The request body is invalid"),
             Self::Unprocessable { .. } => {

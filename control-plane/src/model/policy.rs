@@ -52,7 +52,6 @@ pub struct JwtPolicy {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub audiences: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<String>, example = "30s")]
     pub leeway: Option<HumanDuration>,
     /// Claim naming the consumer's JWT key (default `iss`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -70,9 +69,8 @@ pub struct JwtPolicy {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RateLimitPolicy {
-    #[schema(example = 100)]
+    #[schema(example = 100, minimum = 1)]
     pub requests: u64,
-    #[schema(value_type = String, example = "1m")]
     pub per: HumanDuration,
     /// Requests allowed at once; default `requests`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -114,7 +112,6 @@ pub struct CorsPolicy {
     #[serde(default, skip_serializing_if = "is_false")]
     pub allow_credentials: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<String>, example = "10m")]
     pub max_age: Option<HumanDuration>,
 }
 
@@ -155,7 +152,7 @@ pub struct IpRestrictionPolicy {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RequestSizeLimitPolicy {
-    #[schema(example = 1048576)]
+    #[schema(example = 1048576, minimum = 1)]
     pub max_bytes: u64,
 }
 

@@ -5,6 +5,8 @@
 mod config;
 mod docs;
 mod errors;
+mod limits;
 mod resources;
 mod secrets;
 pub mod support;
+mod unusable;

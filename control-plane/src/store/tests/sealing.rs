@@ -173,7 +173,9 @@ async fn another_secret_key_is_refused_at_open(db: &TestDb) {
 }
 
 async fn retention_keeps_the_newest_versions(db: &TestDb) {
-    let store = Store::open_with(&db.url, secrets(), StoreOptions { keep_snapshots: 3 }).await.unwrap();
+    let store = Store::open_with(&db.url, secrets(), StoreOptions { keep_snapshots: 3, ..StoreOptions::default() })
+        .await
+        .unwrap();
     for i in 0..5 {
         let name = format!("u{i}");
         store

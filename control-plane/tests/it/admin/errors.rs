@@ -9,6 +9,7 @@ use super::support::{Server, both, reply};
 both!(auth_is_required_and_probes_are_open, auth_is_required_and_probes_are_open);
 both!(bad_bodies_list_every_field, bad_bodies_list_every_field);
 both!(invalid_changes_are_422_and_commit_nothing, invalid_changes_are_422_and_commit_nothing);
+both!(decoding_errors_have_pointers_and_come_together, decoding_errors_have_pointers_and_come_together);
 
 async fn auth_is_required_and_probes_are_open(server: &Server) {
     for path in ["/healthz", "/readyz", "/openapi.json"] {
@@ -108,12 +109,18 @@ async fn invalid_changes_are_422_and_commit_nothing(server: &Server) {
     assert_eq!(server.version().await, before, "nothing committed");
     server.get("/v1/apis/shop").await.problem(404, "not-found");
 
-    // Values only the snapshot validation knows are wrong: bad target URL and an invalid name.
+    // Values only the snapshot validation knows are wrong: a bad target URL.
     let problem = server
-        .post("/v1/upstreams", &json!({ "name": "bad name!", "targets": [{ "url": "not a url" }] }))
+        .post("/v1/upstreams", &json!({ "name": "bad-url", "targets": [{ "url": "not a url" }] }))
         .await
         .problem(422, "invalid-config");
-    assert!(super::errors::pointers(&problem).iter().any(|p| p.ends_with("/name")), "{problem}");
+    assert_eq!(super::errors::pointers(&problem), ["/upstreams/bad-url/targets/0/url"], "{problem}");
+    // A name outside the alphabet is refused by the published pattern, at its pointer in the body.
+    let problem = server
+        .post("/v1/upstreams", &json!({ "name": "bad name!", "targets": [{ "url": "http://127.0.0.1:1" }] }))
+        .await
+        .problem(400, "invalid-body");
+    assert_eq!(super::errors::pointers(&problem), ["/name"], "{problem}");
 
     // A PATCH that breaks a reference is refused the same way.
     server
@@ -125,4 +132,57 @@ async fn invalid_changes_are_422_and_commit_nothing(server: &Server) {
     server.patch("/v1/apis/shop", &json!({ "upstream": "gone" })).await.problem(422, "invalid-config");
     assert_eq!(server.version().await, committed);
     assert_eq!(server.get("/v1/apis/shop").await.expect(200)["upstream"], "backend");
+}
+
+/// What serde alone used to catch (with an empty pointer, one at a time): durations, integers written as `5.0`,
+/// a second key in a policy item, control characters in names. Each is reported at its pointer, all in one answer.
+async fn decoding_errors_have_pointers_and_come_together(server: &Server) {
+    server
+        .post("/v1/upstreams", &json!({ "name": "backend", "targets": [{ "url": "http://127.0.0.1:9001" }] }))
+        .await
+        .expect(201);
+    let before = server.version().await;
+    let api = json!({
+        "name": "shop\u{0}",
+        "upstream": "backend",
+        "connect_timeout": "5 parsecs",
+        "request_timeout": "1h 30m",
+        "retries": 2.0,
+        "policies": [
+            { "rate_limit": { "requests": 5, "per": "soon" }, "extra": true },
+            { "request_size_limit": { "max_bytes": 1e3 } },
+        ],
+    });
+    let problem = server.post("/v1/apis", &api).await.problem(400, "invalid-body");
+    assert_eq!(
+        pointers(&problem),
+        [
+            "/connect_timeout",
+            "/name",
+            "/policies/0/extra",
+            "/policies/0/rate_limit/per",
+            "/policies/1/request_size_limit/max_bytes",
+            "/retries",
+        ],
+        "{problem}"
+    );
+
+    let upstream = json!({ "name": "other", "targets": [{ "url": "http://127.0.0.1:9002", "weight": 5.0 }] });
+    let problem = server.post("/v1/upstreams", &upstream).await.problem(400, "invalid-body");
+    assert_eq!(pointers(&problem), ["/targets/0/weight"], "{problem}");
+
+    // A duration that fits the grammar but not the clock is refused by the parser, still at its pointer.
+    let api = json!({ "name": "shop", "upstream": "backend", "connect_timeout": "99999999999999999999999s" });
+    let problem = server.post("/v1/apis", &api).await.problem(400, "invalid-body");
+    assert_eq!(pointers(&problem), ["/connect_timeout"], "{problem}");
+
+    // u32 fields refuse what does not fit 32 bits at the schema, which publishes the bound.
+    let upstream = json!({
+        "name": "other",
+        "targets": [{ "url": "http://127.0.0.1:9002" }],
+        "passive_health_check": { "consecutive_failures": 4_294_967_296_u64 },
+    });
+    let problem = server.post("/v1/upstreams", &upstream).await.problem(400, "invalid-body");
+    assert_eq!(pointers(&problem), ["/passive_health_check/consecutive_failures"], "{problem}");
+    assert_eq!(server.version().await, before, "nothing committed");
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use reqwest::header::{CONTENT_TYPE, HeaderMap};
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
-use sluice_control_plane::admin::{AdminState, router};
+use sluice_control_plane::admin::{AdminState, ParseHook, router_with_parse_hook};
 use sluice_control_plane::secrets::SecretBox;
 use sluice_control_plane::store::Store;
 use sluice_control_plane::tokens::TokenDigest;
@@ -87,24 +87,39 @@ fn secrets() -> SecretBox {
 
 impl Server {
     pub async fn sqlite() -> Server {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
-        let url = format!("sqlite://{}", dir.path().join("sluice.db").display());
-        let store = Store::open(&url, secrets()).await.unwrap_or_else(|e| panic!("open {url}: {e}"));
-        Self::start(store, Some(dir), None).await
+        Self::sqlite_with_parse_hook(None).await
     }
 
     pub async fn postgres() -> Option<Server> {
-        let database = FreshDatabase::create("admin").await.unwrap_or_else(|e| panic!("{e:#}"))?;
-        let store = Store::open(&database.url, secrets()).await.unwrap_or_else(|e| panic!("open postgres store: {e}"));
-        Some(Self::start(store, None, Some(database)).await)
+        Self::postgres_with_parse_hook(None).await
     }
 
-    async fn start(store: Store, dir: Option<tempfile::TempDir>, postgres: Option<FreshDatabase>) -> Server {
-        let app = router(AdminState {
+    /// A server whose request bodies run `hook` on the blocking pool before they are parsed.
+    pub async fn sqlite_with_parse_hook(hook: Option<ParseHook>) -> Server {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
+        let url = format!("sqlite://{}", dir.path().join("sluice.db").display());
+        let store = Store::open(&url, secrets()).await.unwrap_or_else(|e| panic!("open {url}: {e}"));
+        Self::start(store, Some(dir), None, hook).await
+    }
+
+    pub async fn postgres_with_parse_hook(hook: Option<ParseHook>) -> Option<Server> {
+        let database = FreshDatabase::create("admin").await.unwrap_or_else(|e| panic!("{e:#}"))?;
+        let store = Store::open(&database.url, secrets()).await.unwrap_or_else(|e| panic!("open postgres store: {e}"));
+        Some(Self::start(store, None, Some(database), hook).await)
+    }
+
+    async fn start(
+        store: Store,
+        dir: Option<tempfile::TempDir>,
+        postgres: Option<FreshDatabase>,
+        hook: Option<ParseHook>,
+    ) -> Server {
+        let state = AdminState {
             store: store.clone(),
             admin_token: TokenDigest::of(TOKEN),
             stale_after: Duration::from_secs(30),
-        });
+        };
+        let app = router_with_parse_hook(state, hook);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap_or_else(|e| panic!("bind: {e}"));
         let addr = listener.local_addr().unwrap_or_else(|e| panic!("local addr: {e}"));
         let serve = tokio::spawn(async move {
