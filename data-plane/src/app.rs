@@ -19,6 +19,7 @@ use crate::backoff::Backoff;
 use crate::base::worker;
 use crate::ops;
 use crate::policy::PolicyContext;
+use crate::policy::auth_failures::{AuthFailures, LoginGuard};
 use crate::policy::rate_limit::{RateLimitContext, RateLimitError};
 use crate::proxy::{self, ProxyOptions, TlsSetupError, workers};
 use crate::routing::TableStore;
@@ -116,6 +117,7 @@ impl App {
                 access_log: settings.access_log.is_on(),
                 idle_timeout: settings.client_idle_timeout(),
                 headers: settings.header_limits(),
+                client_body_timeout: settings.client_body_timeout(),
                 ..ProxyOptions::default()
             },
             shutdown_grace: settings.shutdown_grace(),
@@ -244,6 +246,11 @@ fn policy_context(settings: &Settings) -> Result<PolicyContext, AppError> {
     };
     let mut context = PolicyContext::local();
     context.rate_limits = rate_limits.with_trusted_proxies(settings.trusted_proxies.clone());
+    context.logins = LoginGuard {
+        failures: Arc::new(AuthFailures::new(settings.auth_failure_limit, settings.auth_failure_window())),
+        passwords: Arc::default(),
+        trusted_proxies: settings.trusted_proxies.clone().into(),
+    };
     Ok(context)
 }
 

@@ -10,6 +10,6 @@ pub mod problem;
 mod request_metrics;
 pub mod worker;
 
-pub use body::{BoxError, ProxyBody, RequestBody, full_body, full_body_request};
+pub use body::{BodyStatus, BoxError, ClientFault, ProxyBody, RequestBody, full_body, full_body_request};
 pub use error::{Origin, ProxyError, error_chain};
 pub use request_metrics::{RequestMetrics, UNROUTED};

@@ -6,11 +6,13 @@
 
 mod api_key;
 mod auth;
+pub mod auth_failures;
 mod basic_auth;
 mod cors;
 mod headers;
 mod ip_restriction;
 mod jwt;
+pub mod password;
 pub mod rate_limit;
 mod rejection;
 mod size_limit;
@@ -30,6 +32,7 @@ use crate::base::{ProxyBody, ProxyError, RequestBody, full_body};
 use crate::openapi::{SpecValidator, ValidationFailure};
 use auth::Authentication;
 pub use auth::ConsumerTags;
+use auth_failures::LoginGuard;
 use cors::{Cors, CorsStep};
 use headers::HeaderPolicy;
 use ip_restriction::IpRestriction;
@@ -44,6 +47,8 @@ const RESPONSE_BUFFER_LIMIT: usize = 10 * 1024 * 1024;
 #[derive(Debug, Clone, Default)]
 pub struct PolicyContext {
     pub rate_limits: RateLimitContext,
+    /// Authentication failure limits and the password pool.
+    pub logins: LoginGuard,
 }
 
 impl PolicyContext {
@@ -105,7 +110,14 @@ impl PolicyChain {
             cors: None,
             ip_restriction: None,
             size_limit: None,
-            auth: Authentication { consumers: consumers.clone(), ..Authentication::default() },
+            // Every field named: a default guard would build a failure table per API.
+            auth: Authentication {
+                basic: None,
+                api_key: None,
+                jwt: None,
+                consumers: consumers.clone(),
+                guard: ctx.logins.clone(),
+            },
             rate_limit: None,
             headers: None,
             openapi: None,
@@ -211,8 +223,9 @@ impl PolicyChain {
                 self.check_ip(client_ip)?;
                 // 3. Size limit: by Content-Length before a body byte is read; else counted while streaming.
                 let body_limit = BodyLimit::apply(self.size_limit.as_ref(), &mut request)?;
-                // 4. Authentication: names the consumer that the rate limit and the upstream need.
-                *consumer = self.auth.authenticate(&mut request).await?;
+                // 4. Authentication: names the consumer that the rate limit and the upstream need. A client
+                //    that failed it too often is refused here, before any credential is checked.
+                *consumer = self.auth.authenticate(&mut request, client_ip).await?;
                 // 5. Rate limit after auth: anonymous floods get 401s without spending a consumer's quota.
                 let rate_headers = self.rate_limit(consumer.as_ref(), client_ip, request.headers()).await?;
                 // 6. Request header rules: after auth (they may use X-Consumer-Username), before validation sees them.

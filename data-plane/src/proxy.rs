@@ -7,6 +7,7 @@
 //! connections finish.
 
 mod balance;
+mod client_body;
 mod connection;
 mod forward;
 mod idle;
@@ -21,7 +22,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
-use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use sluice_proto::path::PathError;
 use tokio::net::{TcpListener, TcpStream};
@@ -52,10 +52,16 @@ pub struct ProxyOptions {
     pub idle_timeout: Duration,
     /// What a client's request headers may be.
     pub headers: HeaderLimits,
+    /// The longest a client may take to send a request's whole body,
+    /// counted from its head (see `client_body`).
+    pub client_body_timeout: Duration,
 }
 
 /// How long an idle client connection is kept open unless configured.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a client may take to send a request body unless configured.
+pub const DEFAULT_CLIENT_BODY_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl ProxyOptions {
     /// The same options for the HTTPS listener.
@@ -71,6 +77,7 @@ impl Default for ProxyOptions {
             scheme: "http",
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             headers: DEFAULT_HEADER_LIMITS,
+            client_body_timeout: DEFAULT_CLIENT_BODY_TIMEOUT,
         }
     }
 }
@@ -274,8 +281,10 @@ fn route_and_forward<'a>(
         let raw_path = canonical.raw.filter(|_| api.forward_raw_path);
         inbound::restore_upgrade(request.headers_mut(), upgrade, api.allow_h2c_upgrade);
         exchange.api = Some(api.clone());
-        // From here the body may be wrapped by policies (size limit, buffering), which must be able to fail it.
-        let request = request.map(|body| body.map_err(Into::into).boxed());
+        // From here the body may be wrapped by policies (size limit, buffering), which must be able to fail it;
+        // its time is bounded and its end watched whoever reads it.
+        let started = tokio::time::Instant::from_std(exchange.started);
+        let request = client_body::watch(request, shared.options.client_body_timeout, started);
         let (api, options) = (api.as_ref(), &shared.options);
         let mut consumer = None;
         let path = exchange.path.clone();

@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
+use crate::policy::auth_failures::{DEFAULT_AUTH_FAILURE_LIMIT, DEFAULT_AUTH_FAILURE_WINDOW};
 use crate::policy::rate_limit::{Cidr, CidrError};
-use crate::proxy::{DEFAULT_HEADER_LIMITS, DEFAULT_IDLE_TIMEOUT, HeaderLimits};
+use crate::proxy::{DEFAULT_CLIENT_BODY_TIMEOUT, DEFAULT_HEADER_LIMITS, DEFAULT_IDLE_TIMEOUT, HeaderLimits};
 use crate::sync::SyncTls;
 
 /// An on/off switch spelled the way operators write it in env files.
@@ -93,6 +94,17 @@ pub struct Settings {
     #[arg(long, env = "SLUICE_TRUSTED_PROXIES", default_value = "", value_parser = parse_cidr_list)]
     pub trusted_proxies: ::std::vec::Vec<Cidr>,
 
+    /// Failed authentications (any method) allowed per client address, and
+    /// failed basic-auth passwords per username, within
+    /// `--auth-failure-window-secs`; past it the client gets 429 before any
+    /// credential is checked, until the window ends. 0 turns the limit off.
+    #[arg(long, env = "SLUICE_AUTH_FAILURE_LIMIT", default_value_t = DEFAULT_AUTH_FAILURE_LIMIT)]
+    pub auth_failure_limit: u32,
+
+    /// The window of `--auth-failure-limit`, in seconds.
+    #[arg(long, env = "SLUICE_AUTH_FAILURE_WINDOW_SECS", default_value_t = DEFAULT_AUTH_FAILURE_WINDOW.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    pub auth_failure_window_secs: u64,
+
     /// Interval of heartbeats to the control plane, in milliseconds.
     #[arg(long, env = "SLUICE_HEARTBEAT_MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub heartbeat_ms: u64,
@@ -122,6 +134,12 @@ pub struct Settings {
     /// gateway may set, so such headers are dropped.
     #[arg(long, env = "SLUICE_UNDERSCORES_IN_HEADERS", value_enum, default_value = "off")]
     pub underscores_in_headers: Switch,
+    /// Seconds a client may take to send a request's whole body, counted
+    /// from its head, on every route (streamed upstream or buffered for
+    /// OpenAPI validation); a slower one gets 408 and the upstream never
+    /// gets a complete request.
+    #[arg(long, env = "SLUICE_CLIENT_BODY_TIMEOUT_SECS", default_value_t = DEFAULT_CLIENT_BODY_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    pub client_body_timeout_secs: u64,
 
     /// Threads serving traffic (each runs its own event loop, see
     /// `proxy::workers`); 0 (the default) means one per CPU core the process
@@ -153,12 +171,15 @@ impl Settings {
             access_log: Switch::On,
             redis_url: None,
             trusted_proxies: Vec::new(),
+            auth_failure_limit: DEFAULT_AUTH_FAILURE_LIMIT,
+            auth_failure_window_secs: DEFAULT_AUTH_FAILURE_WINDOW.as_secs(),
             heartbeat_ms: 5_000,
             shutdown_grace_secs: 30,
             client_idle_timeout_secs: DEFAULT_IDLE_TIMEOUT.as_secs(),
             max_request_header_bytes: DEFAULT_HEADER_LIMITS.total,
             max_request_header_field_bytes: DEFAULT_HEADER_LIMITS.field,
             underscores_in_headers: Switch::Off,
+            client_body_timeout_secs: DEFAULT_CLIENT_BODY_TIMEOUT.as_secs(),
             worker_threads: 0,
             check_ready: false,
         }
@@ -200,6 +221,14 @@ impl Settings {
             field: self.max_request_header_field_bytes,
             underscores: self.underscores_in_headers.is_on(),
         }
+    }
+
+    pub fn auth_failure_window(&self) -> Duration {
+        Duration::from_secs(self.auth_failure_window_secs)
+    }
+
+    pub fn client_body_timeout(&self) -> Duration {
+        Duration::from_secs(self.client_body_timeout_secs)
     }
 
     pub fn shutdown_grace(&self) -> Duration {

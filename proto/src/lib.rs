@@ -7,6 +7,7 @@
 mod canonical;
 pub mod host;
 pub mod path;
+pub mod password;
 pub mod tls;
 mod validate;
 
@@ -17,6 +18,7 @@ pub mod v1 {
 }
 
 pub use canonical::{canonicalize, content_hash};
+pub use password::check_password_hash;
 pub use validate::{MAX_NAME_LEN, NAME_PATTERN, Violation, check_name, parse_cidr, policy_name, validate};
 
 /// Version of the sync protocol. A data plane whose Hello carries another

@@ -201,6 +201,15 @@ fn check_policy(v: &mut Violations, at: &str, policy: &Policy) {
         Some(Kind::Cors(p)) if p.allow_origins.is_empty() => {
             v.push(format!("{at}/allow_origins"), "must list at least one origin (or \"*\")");
         }
+        // Any origin with credentials would let every site read the user's
+        // authenticated responses (browsers refuse `*` with credentials, so the
+        // origin would have to be reflected): name the origins instead.
+        Some(Kind::Cors(p)) if p.allow_credentials && p.allow_origins.iter().any(|o| o.trim() == "*") => {
+            v.push(
+                format!("{at}/allow_credentials"),
+                "cannot be true while allow_origins contains \"*\"; list the trusted origins instead",
+            );
+        }
         Some(Kind::IpRestriction(p)) => {
             if p.allow.is_empty() && p.deny.is_empty() {
                 v.push(at, "needs an allow or a deny list");
@@ -542,6 +551,11 @@ fn check_consumers(v: &mut Violations, consumers: &[Consumer]) {
     let mut jwt_owner: HashMap<&str, &str> = HashMap::default();
     for consumer in consumers {
         let at = |field: &str| format!("/consumers/{}/{field}", consumer.username);
+        if !consumer.basic_auth_password_hash.is_empty()
+            && let Err(message) = crate::password::check_password_hash(&consumer.basic_auth_password_hash)
+        {
+            v.push(at("basic_auth/password_hash"), message);
+        }
         for (i, digest) in consumer.api_key_digests.iter().enumerate() {
             if let Some(other) = key_owner.insert(digest, &consumer.username) {
                 v.push(
@@ -736,6 +750,40 @@ mod tests {
         }
         for (target, ok) in [("/health?full=1", true), ("health", false), ("/a b", false), ("/a#b", false)] {
             assert_eq!(check_request_target(target).is_ok(), ok, "{target:?}");
+        }
+    }
+
+    #[test]
+    fn credentialed_any_origin_and_costly_password_hashes_are_refused() {
+        let mut shop = api("shop", "u");
+        let cors = |origins: &[&str], credentials: bool| Policy {
+            kind: Some(Kind::Cors(crate::v1::Cors {
+                allow_origins: origins.iter().map(|o| o.to_string()).collect(),
+                allow_credentials: credentials,
+                ..Default::default()
+            })),
+        };
+        let consumer = |name: &str, params: &str| crate::v1::Consumer {
+            username: name.into(),
+            basic_auth_password_hash: format!("$argon2id$v=19${params}$c2FsdHNhbHQ$aGFzaGhhc2hoYXNoaGFzaA"),
+            ..Default::default()
+        };
+        shop.policies = vec![cors(&["*"], true)];
+        let snapshot = Snapshot {
+            apis: vec![shop.clone()],
+            upstreams: vec![upstream("u")],
+            consumers: vec![consumer("ann", "m=19456,t=2,p=1"), consumer("bob", "m=4194304,t=1,p=1")],
+            ..Default::default()
+        };
+        assert_eq!(
+            paths(&snapshot),
+            vec!["/apis/shop/policies/0/cors/allow_credentials", "/consumers/bob/basic_auth/password_hash"]
+        );
+        // Named origins with credentials, or any origin without: both fine.
+        for policy in [cors(&["https://shop.example"], true), cors(&["*"], false)] {
+            shop.policies = vec![policy];
+            let fine = Snapshot { apis: vec![shop.clone()], upstreams: vec![upstream("u")], ..Default::default() };
+            assert_eq!(validate(&fine), Ok(()));
         }
     }
 

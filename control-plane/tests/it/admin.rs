@@ -4,6 +4,7 @@
 
 mod config;
 mod docs;
+mod edge_rules;
 mod errors;
 mod limits;
 mod resources;

@@ -2,6 +2,9 @@
 //! its way upstream and what a response carries back, the same type on every
 //! layer so no layer converts.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
@@ -23,4 +26,68 @@ pub fn full_body(bytes: Bytes) -> ProxyBody {
 /// A fully known request body (one buffered for validation).
 pub fn full_body_request(bytes: Bytes) -> RequestBody {
     Full::new(bytes).map_err(|never| match never {}).boxed()
+}
+
+/// How the client's request body ended, shared by the layers that read it:
+/// the proxy's reader marks it complete or failed by the client (an abort, a
+/// malformed chunk, the body timeout), the size limit marks it too large,
+/// and the forward reads it to tell a failure the client caused from one
+/// the upstream caused (only the latter counts against the target's health).
+/// Carried in the request's extensions, and only by requests with a body.
+#[derive(Debug, Clone, Default)]
+pub struct BodyStatus(Arc<AtomicU8>);
+
+/// Why the client's body did not arrive whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientFault {
+    /// The connection failed or the framing was wrong (a bad chunk size, an
+    /// upload shorter than its `Content-Length`).
+    Broken,
+    /// Not all of it arrived within the body timeout.
+    TimedOut,
+    /// It crossed the API's size limit.
+    TooLarge,
+}
+
+const RECEIVING: u8 = 0;
+const COMPLETE: u8 = 1;
+const BROKEN: u8 = 2;
+const TIMED_OUT: u8 = 3;
+const TOO_LARGE: u8 = 4;
+
+impl BodyStatus {
+    pub fn complete(&self) {
+        let _ = self.0.compare_exchange(RECEIVING, COMPLETE, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    /// The first fault wins: a body that timed out is not also "broken" when
+    /// its reader is dropped.
+    pub fn fail(&self, fault: ClientFault) {
+        let code = match fault {
+            ClientFault::Broken => BROKEN,
+            ClientFault::TimedOut => TIMED_OUT,
+            ClientFault::TooLarge => TOO_LARGE,
+        };
+        let _ = self.0.compare_exchange(RECEIVING, code, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    /// Whether the last byte has not arrived yet (and nothing failed).
+    pub fn receiving(&self) -> bool {
+        self.0.load(Ordering::Relaxed) == RECEIVING
+    }
+
+    pub fn fault(&self) -> Option<ClientFault> {
+        match self.0.load(Ordering::Relaxed) {
+            BROKEN => Some(ClientFault::Broken),
+            TIMED_OUT => Some(ClientFault::TimedOut),
+            TOO_LARGE => Some(ClientFault::TooLarge),
+            _ => None,
+        }
+    }
+
+    /// The status of `request`'s body; a fresh one (never shared) when it
+    /// carries none, as a request built in a test.
+    pub fn of<B>(request: &http::Request<B>) -> BodyStatus {
+        request.extensions().get::<BodyStatus>().cloned().unwrap_or_default()
+    }
 }

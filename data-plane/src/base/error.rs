@@ -6,7 +6,7 @@
 
 use http::{HeaderValue, Response, StatusCode, header};
 
-use super::body::ProxyBody;
+use super::body::{ClientFault, ProxyBody};
 use super::problem::Problem;
 
 /// Who is to blame, as pingora tags its errors: decides log level and lets
@@ -34,6 +34,10 @@ pub enum ProxyError {
     InvalidHost(#[from] sluice_proto::host::HostError),
     #[error("{what} exceed the limit of {limit} bytes")]
     HeadersTooLarge { limit: u32, what: &'static str },
+    /// The client's body failed on its way upstream (see [`ClientFault`]);
+    /// the client's doing, so it never counts against the target.
+    #[error("the client's request body failed: {0:?}")]
+    ClientBody(ClientFault),
     #[error("upstream `{upstream}` has no healthy target")]
     NoHealthyTarget { upstream: String },
     #[error("cannot connect to upstream target {target}: {reason}")]
@@ -54,7 +58,8 @@ impl ProxyError {
             | ProxyError::BadRequest(_)
             | ProxyError::InvalidPath(_)
             | ProxyError::InvalidHost(_)
-            | ProxyError::HeadersTooLarge { .. } => Origin::Client,
+            | ProxyError::HeadersTooLarge { .. }
+            | ProxyError::ClientBody(_) => Origin::Client,
             ProxyError::NoHealthyTarget { .. }
             | ProxyError::Connect { .. }
             | ProxyError::Timeout { .. }
@@ -67,9 +72,12 @@ impl ProxyError {
         match self {
             ProxyError::NoRoute { .. } => StatusCode::NOT_FOUND,
             ProxyError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
-            ProxyError::BadRequest(_) | ProxyError::InvalidPath(_) | ProxyError::InvalidHost(_) => {
-                StatusCode::BAD_REQUEST
-            }
+            ProxyError::BadRequest(_)
+            | ProxyError::InvalidPath(_)
+            | ProxyError::InvalidHost(_)
+            | ProxyError::ClientBody(ClientFault::Broken) => StatusCode::BAD_REQUEST,
+            ProxyError::ClientBody(ClientFault::TimedOut) => StatusCode::REQUEST_TIMEOUT,
+            ProxyError::ClientBody(ClientFault::TooLarge) => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ProxyError::NotReady | ProxyError::NoHealthyTarget { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::Connect { .. } | ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
@@ -94,6 +102,17 @@ impl ProxyError {
             ProxyError::InvalidHost(_) => ("invalid-host", "Invalid host", self.to_string()),
             ProxyError::HeadersTooLarge { .. } => {
                 ("request-header-fields-too-large", "Request header fields too large", self.to_string())
+            }
+            ProxyError::ClientBody(ClientFault::Broken) => {
+                ("bad-request", "Bad request", "The request body ended early or was malformed.".into())
+            }
+            ProxyError::ClientBody(ClientFault::TimedOut) => (
+                "request-timeout",
+                "Request timeout",
+                "The request body did not arrive in time; send it faster or in smaller requests.".into(),
+            ),
+            ProxyError::ClientBody(ClientFault::TooLarge) => {
+                ("payload-too-large", "Payload too large", "The request body exceeds this API's limit.".into())
             }
             ProxyError::NoHealthyTarget { .. } => (
                 "upstream-unavailable",
@@ -180,6 +199,8 @@ mod tests {
                 None,
             ),
             (ProxyError::Timeout { target: "http://10.0.0.1".into(), timeout_ms: 5 }, 504, "gateway-timeout", None),
+            (ProxyError::ClientBody(ClientFault::TimedOut), 408, "request-timeout", None),
+            (ProxyError::ClientBody(ClientFault::Broken), 400, "bad-request", None),
         ];
         for (error, status, slug, allow) in cases {
             let response = error.to_response("/x", "abc");

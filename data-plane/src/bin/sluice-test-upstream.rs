@@ -13,6 +13,10 @@
 //!   gateway refused never arrived.
 //!
 //! HTTP/1.1 and h2c (prior knowledge) on one port. Prints `{"addr":"..."}` on stdout once bound.
+//! With `--record` it also prints one JSON line per request head that arrives
+//! (`{"received":{"method","path","query"}}`) and one when its body ends
+//! (`{"body":{"path","complete","len"}}`), so tests can assert what reached it,
+//! including requests the proxy should never have forwarded.
 //! With `--tls-cert FILE --tls-key FILE` (PEM) it speaks HTTPS instead (HTTP/1.1 by ALPN), for
 //! tests and benchmarks of TLS to the upstream.
 
@@ -49,6 +53,20 @@ struct Args {
     /// PEM private key for `--tls-cert`.
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<std::path::PathBuf>,
+    /// Print a JSON line on stdout for every request head and body that arrives.
+    #[arg(long)]
+    record: bool,
+}
+
+/// `--record`, set once at start.
+static RECORD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
+fn record(line: Value) {
+    if RECORD.get().copied().unwrap_or(false) {
+        let mut stdout = std::io::stdout().lock();
+        let _ = writeln!(stdout, "{line}");
+        let _ = stdout.flush();
+    }
 }
 
 type Body = BoxBody<Bytes, std::io::Error>;
@@ -62,6 +80,7 @@ static ZEROES: [u8; CHUNK] = [0; CHUNK];
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    let _ = RECORD.set(args.record);
     // A gateway under test opens its upstream connections in bursts too.
     let listener = sluice_data_plane::listener::bind(args.addr)?;
     let addr = listener.local_addr()?;
@@ -132,6 +151,7 @@ async fn handle(req: Request<Incoming>, name: Arc<str>) -> Result<Response<Body>
     let (parts, body) = req.into_parts();
     let path = parts.uri.path().to_owned();
     let query = parts.uri.query().unwrap_or("").to_owned();
+    record(json!({ "received": { "method": parts.method.as_str(), "path": &path, "query": &query } }));
 
     if path == "/health" {
         return Ok(respond(StatusCode::OK, "text/plain", Bytes::from_static(b"ok\n")));
@@ -170,7 +190,10 @@ async fn handle(req: Request<Incoming>, name: Arc<str>) -> Result<Response<Body>
         while let Some(frame) = body.frame().await {
             match frame {
                 Ok(frame) => len += frame.data_ref().map_or(0, |d| d.len() as u64),
-                Err(_) => return Ok(respond(StatusCode::BAD_REQUEST, "text/plain", Bytes::from_static(b"bad body\n"))),
+                Err(_) => {
+                    record(json!({ "body": { "path": &path, "complete": false, "len": len } }));
+                    return Ok(respond(StatusCode::BAD_REQUEST, "text/plain", Bytes::from_static(b"bad body\n")));
+                }
             }
         }
         (Value::Null, len)
@@ -180,9 +203,13 @@ async fn handle(req: Request<Incoming>, name: Arc<str>) -> Result<Response<Body>
                 let bytes = collected.to_bytes();
                 (Value::String(String::from_utf8_lossy(&bytes).into_owned()), bytes.len() as u64)
             }
-            Err(_) => return Ok(respond(StatusCode::BAD_REQUEST, "text/plain", Bytes::from_static(b"bad body\n"))),
+            Err(_) => {
+                record(json!({ "body": { "path": &path, "complete": false } }));
+                return Ok(respond(StatusCode::BAD_REQUEST, "text/plain", Bytes::from_static(b"bad body\n")));
+            }
         }
     };
+    record(json!({ "body": { "path": &path, "complete": true, "len": body_len } }));
 
     if delay_ms > 0 {
         tokio::time::sleep(Duration::from_millis(delay_ms)).await;

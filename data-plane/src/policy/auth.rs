@@ -4,7 +4,9 @@
 //! success the credentials are removed before forwarding and the consumer is
 //! named in `X-Consumer-Username`; otherwise 401 with one challenge per method.
 
+use std::net::IpAddr;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use http::header::AUTHORIZATION;
 use http::uri::PathAndQuery;
@@ -13,8 +15,10 @@ use metrics::Counter;
 use sluice_proto::v1;
 
 use super::api_key::{ApiKeyAuth, remove_query_param};
-use super::basic_auth::{BasicAuth, Presented};
+use super::auth_failures::{LoginGuard, Subject};
+use super::basic_auth::{BasicAuth, NotChecked, Presented};
 use super::jwt::{JwtAuth, Verified};
+use super::rate_limit::effective_client_ip;
 use super::rejection::Rejection;
 use crate::base::RequestBody;
 use crate::fast_map::FastMap;
@@ -34,6 +38,8 @@ pub struct Authentication {
     pub jwt: Option<Box<JwtAuth>>,
     /// The snapshot's consumers, as each authenticated request names them.
     pub consumers: Arc<ConsumerTags>,
+    /// Failure limits and the password pool, shared by the whole process.
+    pub guard: LoginGuard,
 }
 
 /// What the gateway says about each configured consumer on every request it
@@ -63,13 +69,24 @@ impl Authentication {
         self.basic.is_some() || self.api_key.is_some() || self.jwt.is_some()
     }
 
-    /// The consumer, `None` when the API has no authentication. Methods are
-    /// tried cheapest first (one HMAC, one signature check, then basic, whose
-    /// first sight of a credential costs an argon2 run).
-    pub async fn authenticate(&self, request: &mut Request<RequestBody>) -> Result<Option<Arc<str>>, Rejection> {
+    /// The consumer, `None` when the API has no authentication. A client
+    /// address that failed too often lately gets 429 before anything is
+    /// checked. Methods are tried cheapest first (one HMAC, one signature
+    /// check, then basic, whose first sight of a credential costs an argon2
+    /// run). `peer` is the socket's address; behind trusted proxies the
+    /// client is read from `X-Forwarded-For`, as for rate limits.
+    pub async fn authenticate(
+        &self,
+        request: &mut Request<RequestBody>,
+        peer: IpAddr,
+    ) -> Result<Option<Arc<str>>, Rejection> {
         request.headers_mut().remove(X_CONSUMER_USERNAME);
         if !self.is_configured() {
             return Ok(None);
+        }
+        let client = effective_client_ip(peer, request.headers(), &self.guard.trusted_proxies);
+        if let Some(retry) = self.guard.failures.retry_after(Subject::Address(client)) {
+            return Err(self.too_many_failures(retry));
         }
         let mut presented = false;
         let mut failures: Vec<String> = Vec::new();
@@ -107,17 +124,24 @@ impl Authentication {
         {
             presented = true;
             match credentials {
-                Presented::Credentials(credentials) => {
-                    consumer = basic.verify(&credentials).await;
-                    if consumer.is_none() {
-                        failures.push("the username or password is wrong".into());
+                Presented::Credentials(credentials) => match basic.verify(&credentials, &self.guard).await {
+                    Ok(found) => {
+                        consumer = found;
+                        if consumer.is_none() {
+                            failures.push("the username or password is wrong".into());
+                        }
                     }
-                }
+                    Err(NotChecked::Limited(retry)) => return Err(self.too_many_failures(retry)),
+                    Err(NotChecked::Busy) => return Err(self.busy()),
+                },
                 Presented::Malformed => failures.push("the Basic credentials are malformed".into()),
             }
         }
 
         let Some(consumer) = consumer else {
+            if presented {
+                self.guard.failures.record(Subject::Address(client));
+            }
             return Err(self.unauthorized(presented, &failures));
         };
         self.strip_credentials(request)?;
@@ -181,13 +205,36 @@ impl Authentication {
         Ok(())
     }
 
-    fn unauthorized(&self, presented: bool, failures: &[String]) -> Rejection {
-        let policy = match (&self.api_key, &self.jwt, &self.basic) {
+    /// The policy named in rejections and their metric: the one method, or
+    /// `authentication` for several.
+    fn policy(&self) -> &'static str {
+        match (&self.api_key, &self.jwt, &self.basic) {
             (Some(_), None, None) => "api_key",
             (None, Some(_), None) => "jwt",
             (None, None, Some(_)) => "basic_auth",
             _ => "authentication",
-        };
+        }
+    }
+
+    fn too_many_failures(&self, retry: Duration) -> Rejection {
+        let seconds = retry.as_secs() + u64::from(retry.subsec_nanos() > 0);
+        let mut rejection =
+            Rejection::new(self.policy(), StatusCode::TOO_MANY_REQUESTS, "too-many-requests", "Too many failed logins")
+                .detail(format!("Too many failed authentications; retry in {seconds} s."));
+        rejection.headers.push((header::RETRY_AFTER, HeaderValue::from(seconds)));
+        rejection
+    }
+
+    fn busy(&self) -> Rejection {
+        let mut rejection =
+            Rejection::new(self.policy(), StatusCode::SERVICE_UNAVAILABLE, "busy", "Authentication busy")
+                .detail("Too many logins are being checked; retry shortly.");
+        rejection.headers.push((header::RETRY_AFTER, HeaderValue::from_static("1")));
+        rejection
+    }
+
+    fn unauthorized(&self, presented: bool, failures: &[String]) -> Rejection {
+        let policy = self.policy();
         let detail = if presented {
             format!("Authentication failed: {}.", failures.join("; "))
         } else {
@@ -251,8 +298,11 @@ mod tests {
             api_key: Some(Box::new(ApiKeyAuth::compile(&api_key, "shop", &s).unwrap())),
             jwt: Some(Box::new(JwtAuth::compile(&v1::JwtAuth::default(), "shop", &s.consumers).unwrap())),
             consumers: Arc::new(ConsumerTags::new(&s.consumers)),
+            guard: LoginGuard::default(),
         }
     }
+
+    const PEER: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 
     fn request(uri: &str, headers: &[(&str, &str)]) -> Request<RequestBody> {
         let mut request = Request::new(full_body_request(bytes::Bytes::new()));
@@ -294,7 +344,7 @@ mod tests {
             let mut headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
             headers.push(("x-consumer-username", "admin"));
             let mut req = request(uri, &headers);
-            match auth.authenticate(&mut req).await {
+            match auth.authenticate(&mut req, PEER).await {
                 Ok(consumer) => {
                     assert!(passes, "{uri} {headers:?} passed");
                     assert_eq!(consumer.as_deref(), Some("ann"));
@@ -315,7 +365,7 @@ mod tests {
     #[tokio::test]
     async fn no_auth_still_drops_spoofed_consumer() {
         let mut req = request("/a", &[("x-consumer-username", "admin"), ("authorization", "Bearer upstream-token")]);
-        assert_eq!(Authentication::default().authenticate(&mut req).await.unwrap(), None);
+        assert_eq!(Authentication::default().authenticate(&mut req, PEER).await.unwrap(), None);
         assert!(!req.headers().contains_key(X_CONSUMER_USERNAME));
         // Without an auth policy the Authorization header is the upstream's.
         assert!(req.headers().contains_key(AUTHORIZATION));
@@ -324,9 +374,9 @@ mod tests {
     #[tokio::test]
     async fn missing_versus_invalid_detail() {
         let auth = all_methods();
-        let missing = auth.authenticate(&mut request("/a", &[])).await.unwrap_err();
+        let missing = auth.authenticate(&mut request("/a", &[]), PEER).await.unwrap_err();
         assert!(missing.detail.contains("requires credentials"), "{}", missing.detail);
-        let invalid = auth.authenticate(&mut request("/a", &[("x-api-key", "bad")])).await.unwrap_err();
+        let invalid = auth.authenticate(&mut request("/a", &[("x-api-key", "bad")]), PEER).await.unwrap_err();
         assert!(invalid.detail.contains("API key is not valid"), "{}", invalid.detail);
     }
 }

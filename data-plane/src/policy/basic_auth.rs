@@ -1,21 +1,24 @@
 //! `basic_auth`, one of the authentication steps of the policy chain:
 //! `Authorization: Basic` checked against consumers' argon2 hashes. Argon2 is
-//! slow on purpose, so each good credential is verified once (on the blocking
-//! pool) and then remembered by a keyed digest; the hot path for a known
-//! client costs one HMAC and one map lookup, like an API key.
+//! slow on purpose, so each good credential is verified once (on the shared
+//! password pool, `password`) and then remembered by a keyed digest; the hot
+//! path for a known client costs one HMAC and one map lookup, like an API
+//! key. A username that failed too often is refused before any hash runs
+//! (`auth_failures`), and an unknown username costs what a known one does.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
-use argon2::password_hash::phc::PasswordHash;
-use argon2::{Argon2, PasswordVerifier as _};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use hmac::{Hmac, Mac as _};
 use http::HeaderValue;
 use sha2::Sha256;
 use sluice_proto::v1;
-use tokio::sync::Semaphore;
+
+use super::auth_failures::{LoginGuard, Subject};
+use super::password::{Busy, StoredHash};
 
 /// Verified credentials remembered per process. At 10,000 distinct good
 /// credentials the oldest-known is not tracked; an arbitrary one is dropped
@@ -26,7 +29,22 @@ const CACHE_CAPACITY: usize = 10_000;
 struct User {
     name: Arc<str>,
     phc: Arc<str>,
-    hash: PasswordHash,
+    hash: Arc<StoredHash>,
+}
+
+/// Why a password was not checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotChecked {
+    /// The username failed too often lately; retry after this long.
+    Limited(Duration),
+    /// The password pool is full.
+    Busy,
+}
+
+impl From<Busy> for NotChecked {
+    fn from(_: Busy) -> Self {
+        NotChecked::Busy
+    }
 }
 
 /// What `Authorization: Basic ...` carried.
@@ -42,6 +60,8 @@ pub enum Presented {
 pub struct BasicAuth {
     challenge: HeaderValue,
     users: HashMap<String, Arc<User>>,
+    /// Checked for unknown usernames, at the cost of the known ones.
+    decoy: Arc<StoredHash>,
     cache: Arc<LoginCache>,
 }
 
@@ -61,18 +81,21 @@ impl BasicAuth {
             HeaderValue::from_str(&format!("Basic realm=\"{}\", charset=\"UTF-8\"", realm.replace('"', "'")))
                 .map_err(|_| format!("realm `{realm}` cannot be sent in a header"))?;
         let mut users = HashMap::new();
+        let mut decoy = None;
         for consumer in consumers.iter().filter(|c| !c.basic_auth_password_hash.is_empty()) {
-            let hash = PasswordHash::new(&consumer.basic_auth_password_hash)
-                .map_err(|e| format!("consumer `{}`: the password hash is not a PHC string: {e}", consumer.username))?;
+            let hash = StoredHash::parse(&consumer.basic_auth_password_hash)
+                .map_err(|e| format!("consumer `{}`: {e}", consumer.username))?;
+            decoy.get_or_insert_with(|| hash.decoy_like());
             let user = User {
                 name: consumer.username.as_str().into(),
                 phc: consumer.basic_auth_password_hash.as_str().into(),
-                hash,
+                hash: Arc::new(hash),
             };
             users.insert(consumer.username.clone(), Arc::new(user));
         }
+        let decoy = Arc::new(decoy.unwrap_or_else(StoredHash::default_decoy));
         let cache = previous.map_or_else(|| Arc::new(LoginCache::new()), |p| p.cache.clone());
-        Ok(BasicAuth { challenge, users, cache })
+        Ok(BasicAuth { challenge, users, decoy, cache })
     }
 
     pub fn challenge(&self) -> &HeaderValue {
@@ -93,33 +116,37 @@ impl BasicAuth {
         }
     }
 
-    /// The consumer whose password this is. Unknown users fail at once
-    /// (which tells a prober which usernames exist, by timing; accepted, as
-    /// usernames are not secrets here). Failures are never cached: a cache of
-    /// bad guesses would only help a guesser. Throttling guessers is left to
-    /// `rate_limit` keyed by IP.
-    pub async fn verify(&self, credentials: &[u8]) -> Option<Arc<str>> {
-        let colon = credentials.iter().position(|b| *b == b':')?;
-        let username = std::str::from_utf8(&credentials[..colon]).ok()?;
-        let user = self.users.get(username)?;
+    /// The consumer whose password this is, `None` for wrong credentials.
+    /// A credential verified before passes on its digest alone; otherwise a
+    /// username past its failure limit is refused before argon2 runs, and
+    /// an unknown username runs argon2 on the decoy, so that timing does not
+    /// tell which usernames exist. Failures are never cached: a cache of bad
+    /// guesses would only help a guesser.
+    pub async fn verify(&self, credentials: &[u8], guard: &LoginGuard) -> Result<Option<Arc<str>>, NotChecked> {
+        let Some(colon) = credentials.iter().position(|b| *b == b':') else { return Ok(None) };
+        let username = &credentials[..colon];
+        let user = std::str::from_utf8(username).ok().and_then(|name| self.users.get(name));
         let digest = self.cache.digest(credentials);
-        if self.cache.knows(&digest, &user.phc) {
-            return Some(user.name.clone());
+        if let Some(user) = user
+            && self.cache.knows(&digest, &user.phc)
+        {
+            return Ok(Some(user.name.clone()));
         }
-        // Bounded so a burst of wrong passwords (each an argon2 run of tens of
-        // MiB) cannot take every blocking thread and all memory.
-        let _permit = self.cache.verifying.acquire().await.ok()?;
-        let password = credentials[colon + 1..].to_vec();
-        let checked = user.clone();
-        let good =
-            tokio::task::spawn_blocking(move || Argon2::default().verify_password(&password, &checked.hash).is_ok())
-                .await
-                .unwrap_or(false);
-        if !good {
-            return None;
+        if let Some(retry) = guard.failures.retry_after(Subject::Username(username)) {
+            return Err(NotChecked::Limited(retry));
         }
-        self.cache.remember(digest, user.phc.clone());
-        Some(user.name.clone())
+        let hash = user.map_or_else(|| self.decoy.clone(), |user| user.hash.clone());
+        let matched = guard.passwords.verify(hash, credentials[colon + 1..].to_vec()).await?;
+        match user {
+            Some(user) if matched => {
+                self.cache.remember(digest, user.phc.clone());
+                Ok(Some(user.name.clone()))
+            }
+            _ => {
+                guard.failures.record(Subject::Username(username));
+                Ok(None)
+            }
+        }
     }
 }
 
@@ -130,7 +157,6 @@ pub struct LoginCache {
     /// Keyed once: cloning the keyed state skips hashing the key's pads per request.
     mac: Hmac<Sha256>,
     entries: RwLock<HashMap<[u8; 32], Arc<str>>>,
-    verifying: Semaphore,
 }
 
 impl std::fmt::Debug for LoginCache {
@@ -142,12 +168,11 @@ impl std::fmt::Debug for LoginCache {
 
 impl LoginCache {
     fn new() -> Self {
-        let parallelism = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
         let mac = match Hmac::<Sha256>::new_from_slice(&rand::random::<[u8; 32]>()) {
             Ok(mac) => mac,
             Err(_) => unreachable!("HMAC takes keys of any length"),
         };
-        LoginCache { mac, entries: RwLock::default(), verifying: Semaphore::new(parallelism) }
+        LoginCache { mac, entries: RwLock::default() }
     }
 
     fn digest(&self, credentials: &[u8]) -> [u8; 32] {
@@ -184,7 +209,8 @@ impl LoginCache {
 #[allow(clippy::type_complexity)]
 mod tests {
     use super::*;
-    use argon2::PasswordHasher as _;
+    use crate::policy::auth_failures::AuthFailures;
+    use argon2::{Argon2, PasswordHasher as _};
 
     fn phc(password: &str) -> String {
         // Cheap parameters keep the test fast; verification reads them from the PHC string.
@@ -195,6 +221,16 @@ mod tests {
 
     fn consumer(name: &str, hash: String) -> v1::Consumer {
         v1::Consumer { username: name.into(), basic_auth_password_hash: hash, ..Default::default() }
+    }
+
+    /// The verdict alone, under a generous failure limit.
+    async fn check(auth: &BasicAuth, credentials: &[u8]) -> Option<Arc<str>> {
+        static GUARD: std::sync::OnceLock<LoginGuard> = std::sync::OnceLock::new();
+        let guard = GUARD.get_or_init(|| LoginGuard {
+            failures: Arc::new(AuthFailures::new(1_000, Duration::from_secs(60))),
+            ..LoginGuard::default()
+        });
+        auth.verify(credentials, guard).await.unwrap()
     }
 
     fn header(value: &str) -> HeaderValue {
@@ -234,18 +270,18 @@ mod tests {
             (b"ann:", None),
         ];
         for (credentials, want) in cases {
-            let got = auth.verify(credentials).await;
+            let got = check(&auth, credentials).await;
             assert_eq!(got.as_deref(), *want, "{}", String::from_utf8_lossy(credentials));
         }
         // Only good credentials are remembered.
         assert_eq!(auth.cache.len(), 2);
-        assert_eq!(auth.verify(b"ann:right").await.as_deref(), Some("ann"));
+        assert_eq!(check(&auth, b"ann:right").await.as_deref(), Some("ann"));
     }
 
     #[tokio::test]
     async fn cache_survives_swap_but_not_a_password_change() {
         let first = BasicAuth::compile(&v1::BasicAuth::default(), "a", &[consumer("ann", phc("old"))], None).unwrap();
-        assert!(first.verify(b"ann:old").await.is_some());
+        assert!(check(&first, b"ann:old").await.is_some());
 
         // Same hash in the next snapshot: the entry is carried over and used.
         let same_hash = first.users["ann"].phc.to_string();
@@ -259,8 +295,27 @@ mod tests {
         let third =
             BasicAuth::compile(&v1::BasicAuth::default(), "a", &[consumer("ann", phc("new"))], Some(&second)).unwrap();
         assert!(!third.cache.knows(&digest, &third.users["ann"].phc));
-        assert!(third.verify(b"ann:old").await.is_none());
-        assert!(third.verify(b"ann:new").await.is_some());
+        assert!(check(&third, b"ann:old").await.is_none());
+        assert!(check(&third, b"ann:new").await.is_some());
+    }
+
+    #[tokio::test]
+    async fn a_guessed_username_is_limited_before_argon2_but_a_known_credential_passes() {
+        let auth = BasicAuth::compile(&v1::BasicAuth::default(), "a", &[consumer("ann", phc("right"))], None).unwrap();
+        let guard =
+            LoginGuard { failures: Arc::new(AuthFailures::new(2, Duration::from_secs(60))), ..LoginGuard::default() };
+        assert_eq!(auth.verify(b"ann:right", &guard).await, Ok(Some("ann".into())));
+        for guess in [b"ann:one" as &[u8], b"ann:two"] {
+            assert_eq!(auth.verify(guess, &guard).await, Ok(None));
+        }
+        assert!(matches!(auth.verify(b"ann:three", &guard).await, Err(NotChecked::Limited(_))));
+        // The owner, verified before, is not locked out by the guesser.
+        assert_eq!(auth.verify(b"ann:right", &guard).await, Ok(Some("ann".into())));
+        // Unknown usernames are counted the same way.
+        for _ in 0..2 {
+            assert_eq!(auth.verify(b"nobody:x", &guard).await, Ok(None));
+        }
+        assert!(matches!(auth.verify(b"nobody:x", &guard).await, Err(NotChecked::Limited(_))));
     }
 
     #[test]

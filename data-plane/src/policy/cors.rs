@@ -66,6 +66,13 @@ impl Cors {
                 cors.origins.insert(origin);
             }
         }
+        if cors.any_origin && cors.credentials {
+            // Validation refuses this pairing; should a snapshot carry it anyway,
+            // any origin is answered with `*` and never with credentials, so no
+            // site can read a user's authenticated responses.
+            tracing::warn!("cors: allow_credentials is ignored while allow_origins contains \"*\"");
+            cors.credentials = false;
+        }
         let methods: Vec<&str> = if spec.allow_methods.is_empty() {
             DEFAULT_METHODS.split(", ").collect()
         } else {
@@ -243,6 +250,7 @@ mod tests {
         let shop = cors(&["https://shop.example", "https://*.cdn.example"], &["GET", "POST"], &["content-type"], false);
         let open = cors(&["*"], &[], &[], false);
         let credentialed = cors(&["*"], &[], &[], true);
+        let listed_credentialed = cors(&["https://shop.example"], &[], &[], true);
         // (policy, request headers, want: Some(allow-origin) for 204, None for 403)
         let cases: Vec<(&str, &Cors, Vec<(&'static str, &'static str)>, Option<&str>)> = vec![
             (
@@ -286,10 +294,17 @@ mod tests {
                 Some("*"),
             ),
             (
-                "credentials echo the origin",
+                // Validation refuses the pairing; should it arrive anyway, no origin is reflected with credentials.
+                "any origin never with credentials",
                 &credentialed,
-                vec![("origin", "https://x.example"), ("access-control-request-method", "GET")],
-                Some("https://x.example"),
+                vec![("origin", "https://evil.example"), ("access-control-request-method", "GET")],
+                Some("*"),
+            ),
+            (
+                "credentials echo a listed origin",
+                &listed_credentialed,
+                vec![("origin", "https://shop.example"), ("access-control-request-method", "GET")],
+                Some("https://shop.example"),
             ),
         ];
         for (name, policy, request, want) in cases {
@@ -299,6 +314,8 @@ mod tests {
                     assert_eq!(response.headers()[header::ACCESS_CONTROL_ALLOW_ORIGIN], origin, "{name}");
                     assert_eq!(response.headers()[header::ACCESS_CONTROL_MAX_AGE], "600", "{name}");
                     assert!(response.headers().contains_key(header::ACCESS_CONTROL_ALLOW_METHODS), "{name}");
+                    let credentials = response.headers().get(header::ACCESS_CONTROL_ALLOW_CREDENTIALS);
+                    assert_eq!(credentials.is_some(), name.starts_with("credentials echo"), "{name}");
                 }
                 (CorsStep::Reject(rejection), None) => assert_eq!(rejection.status, StatusCode::FORBIDDEN, "{name}"),
                 (step, _) => panic!("{name}: unexpected {step:?}"),

@@ -66,7 +66,14 @@ pub struct JwtAuth {
 /// compiled policy: a new snapshot (keys, issuer, audiences) starts empty.
 #[derive(Default)]
 struct VerifiedTokens {
-    entries: Mutex<HashMap<Box<str>, VerifiedToken>>,
+    entries: Mutex<CachedTokens>,
+}
+
+#[derive(Default)]
+struct CachedTokens {
+    map: HashMap<Box<str>, VerifiedToken>,
+    /// The tokens' bytes, which the entry count alone does not bound.
+    bytes: usize,
 }
 
 struct VerifiedToken {
@@ -75,14 +82,21 @@ struct VerifiedToken {
     not_before: Option<i64>,
 }
 
-/// Bounds the cache's memory (tokens are a few hundred bytes); when full it
-/// is emptied, the cheapest eviction that keeps it bounded.
+/// Bound the cache's memory, in entries and in token bytes (tokens are
+/// usually a few hundred bytes, but a client chooses their size); when
+/// either is reached it is emptied, the cheapest eviction that keeps it
+/// bounded.
 const VERIFIED_TOKENS_MAX: usize = 1_024;
+const VERIFIED_TOKENS_MAX_BYTES: usize = 1024 * 1024;
+
+/// A longer token is refused before it is decoded or looked up: real tokens
+/// are far shorter, and every byte of a token is decoded, parsed and hashed.
+pub const MAX_TOKEN_BYTES: usize = 8 * 1024;
 
 // Tokens are bearer secrets: never print them.
 impl std::fmt::Debug for VerifiedTokens {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let len = self.entries.lock().map(|e| e.len()).unwrap_or_default();
+        let len = self.entries.lock().map(|e| e.map.len()).unwrap_or_default();
         f.debug_struct("VerifiedTokens").field("len", &len).finish()
     }
 }
@@ -93,12 +107,14 @@ impl VerifiedTokens {
     /// verifies in full, which names the reason.
     fn get(&self, token: &str, now: i64, leeway: i64) -> Option<Verified> {
         let mut entries = self.entries.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let entry = entries.get(token)?;
+        let entry = entries.map.get(token)?;
         let in_window = entry.expires >= now - leeway && entry.not_before.is_none_or(|nbf| nbf <= now + leeway);
         if in_window {
             return Some(entry.verified.clone());
         }
-        entries.remove(token);
+        if entries.map.remove(token).is_some() {
+            entries.bytes -= token.len();
+        }
         None
     }
 
@@ -111,16 +127,21 @@ impl VerifiedTokens {
             Some(None) => return,
         };
         let mut entries = self.entries.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if entries.len() >= VERIFIED_TOKENS_MAX {
-            entries.clear();
+        if entries.map.len() >= VERIFIED_TOKENS_MAX || entries.bytes + token.len() > VERIFIED_TOKENS_MAX_BYTES {
+            *entries = CachedTokens::default();
         }
-        entries.insert(token.into(), VerifiedToken { verified: verified.clone(), expires, not_before });
+        let entry = VerifiedToken { verified: verified.clone(), expires, not_before };
+        if entries.map.insert(token.into(), entry).is_none() {
+            entries.bytes += token.len();
+        }
     }
 }
 
 /// Why a token was refused; the text goes to the client (no secrets in it).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum JwtRejection {
+    #[error("the token is longer than {MAX_TOKEN_BYTES} bytes")]
+    TooLong,
     #[error("the token is malformed or uses an unsupported algorithm")]
     Malformed,
     #[error("the token names no known key (by `kid` or the `{0}` claim)")]
@@ -200,6 +221,9 @@ impl JwtAuth {
     /// The consumer the token names: a configured consumer when one of its keys
     /// verified the token, else (see [`Self::verify_with_jwks`]) a claim's value.
     pub fn verify(&self, token: &str) -> Result<Verified, JwtRejection> {
+        if token.len() > MAX_TOKEN_BYTES {
+            return Err(JwtRejection::TooLong);
+        }
         let now = i64::try_from(jsonwebtoken::get_current_timestamp()).unwrap_or(i64::MAX);
         let leeway = i64::try_from(self.leeway).unwrap_or(i64::MAX);
         if let Some(verified) = self.recently_verified.get(token, now, leeway) {
@@ -476,8 +500,20 @@ mod tests {
         for n in 0..VERIFIED_TOKENS_MAX + 10 {
             cache.insert(&format!("token-{n}"), &ann, &json!({"exp": t + 60}));
         }
-        assert!(cache.entries.lock().unwrap().len() <= VERIFIED_TOKENS_MAX);
+        assert!(cache.entries.lock().unwrap().map.len() <= VERIFIED_TOKENS_MAX);
         assert!(!format!("{auth:?}").contains("token-"), "tokens never appear in Debug output");
+
+        // And in bytes: large tokens (up to the size limit) fill it by size first.
+        let large = "x".repeat(MAX_TOKEN_BYTES);
+        for n in 0..VERIFIED_TOKENS_MAX {
+            cache.insert(&format!("{large}{n}"), &ann, &json!({"exp": t + 60}));
+            let entries = cache.entries.lock().unwrap();
+            assert!(entries.bytes <= VERIFIED_TOKENS_MAX_BYTES, "{} bytes after {n}", entries.bytes);
+            assert_eq!(entries.bytes, entries.map.keys().map(|k| k.len()).sum::<usize>());
+        }
+
+        // A token over the size limit is refused before anything reads it.
+        assert_eq!(auth.verify(&format!("{token}{}", "A".repeat(MAX_TOKEN_BYTES))), Err(JwtRejection::TooLong));
     }
 
     #[test]

@@ -5,8 +5,6 @@
 //! Also the bounded buffering used when OpenAPI validation needs the body.
 
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
@@ -16,7 +14,7 @@ use http_body_util::{BodyExt, Empty};
 use sluice_proto::v1;
 
 use super::rejection::Rejection;
-use crate::base::{BoxError, RequestBody, full_body_request};
+use crate::base::{BodyStatus, BoxError, ClientFault, RequestBody, full_body_request};
 
 /// Cap on a body buffered for validation when the API sets no size limit, so
 /// that validation cannot be used to make the gateway hold unbounded memory.
@@ -41,8 +39,9 @@ impl SizeLimit {
 #[derive(Debug, Default)]
 pub struct BodyLimit {
     max: Option<u64>,
-    /// Set by the counting wrapper; `None` when the body is not wrapped.
-    tripped: Option<Arc<AtomicBool>>,
+    /// How the client's body ended: marked too large by the counting
+    /// wrapper, failed or timed out by the proxy's reader.
+    status: BodyStatus,
 }
 
 impl BodyLimit {
@@ -51,23 +50,23 @@ impl BodyLimit {
     /// has streamed. A declared length needs no counting: hyper and h2 fail a
     /// body that does not match its `Content-Length`.
     pub fn apply(policy: Option<&SizeLimit>, request: &mut Request<RequestBody>) -> Result<BodyLimit, Rejection> {
-        let Some(policy) = policy else { return Ok(BodyLimit::default()) };
+        let status = BodyStatus::of(request);
+        let Some(policy) = policy else { return Ok(BodyLimit { max: None, status }) };
         let max = Some(policy.max);
         match content_length(request.headers()) {
             Some(length) if length > policy.max => return Err(too_large(policy.max)),
-            Some(_) => return Ok(BodyLimit { max, tripped: None }),
+            Some(_) => return Ok(BodyLimit { max, status }),
             None => {}
         }
-        let tripped = Arc::new(AtomicBool::new(false));
         let body = std::mem::replace(request.body_mut(), placeholder());
         *request.body_mut() =
-            LimitedBody { inner: body, remaining: policy.max, max: policy.max, tripped: tripped.clone() }.boxed();
-        Ok(BodyLimit { max, tripped: Some(tripped) })
+            LimitedBody { inner: body, remaining: policy.max, max: policy.max, status: status.clone() }.boxed();
+        Ok(BodyLimit { max, status })
     }
 
     /// Whether the streamed body crossed the limit (the forward failed because of it).
     pub fn tripped(&self) -> bool {
-        self.tripped.as_ref().is_some_and(|tripped| tripped.load(Ordering::Relaxed))
+        self.status.fault() == Some(ClientFault::TooLarge)
     }
 
     pub fn rejection(&self) -> Rejection {
@@ -91,6 +90,7 @@ impl BodyLimit {
             let frame = match frame {
                 Ok(frame) => frame,
                 Err(_) if self.tripped() => return Err(too_large(cap)),
+                Err(_) if self.status.fault() == Some(ClientFault::TimedOut) => return Err(body_timed_out()),
                 Err(e) => {
                     return Err(Rejection::new("openapi", StatusCode::BAD_REQUEST, "bad-request", "Bad request")
                         .detail(format!("The request body could not be read: {e}")));
@@ -168,6 +168,11 @@ fn too_large(max: u64) -> Rejection {
         .detail(format!("The request body exceeds this API's limit of {max} bytes."))
 }
 
+fn body_timed_out() -> Rejection {
+    Rejection::new("openapi", StatusCode::REQUEST_TIMEOUT, "request-timeout", "Request timeout")
+        .detail("The request body did not arrive in time; send it faster or in smaller requests.")
+}
+
 #[derive(Debug, thiserror::Error)]
 #[error("request body exceeds the limit of {max} bytes")]
 pub struct BodyTooLarge {
@@ -181,7 +186,7 @@ struct LimitedBody {
     inner: RequestBody,
     remaining: u64,
     max: u64,
-    tripped: Arc<AtomicBool>,
+    status: BodyStatus,
 }
 
 impl Body for LimitedBody {
@@ -195,7 +200,7 @@ impl Body for LimitedBody {
         {
             let len = data.len() as u64;
             if len > self.remaining {
-                self.tripped.store(true, Ordering::Relaxed);
+                self.status.fail(ClientFault::TooLarge);
                 self.remaining = 0;
                 return Poll::Ready(Some(Err(Box::new(BodyTooLarge { max: self.max }))));
             }

@@ -13,7 +13,7 @@ use hyper_util::rt::TokioIo;
 
 use super::log::Exchange;
 use super::{Peer, ProxyOptions};
-use crate::base::{ProxyBody, ProxyError, RequestBody};
+use crate::base::{BodyStatus, ClientFault, ProxyBody, ProxyError, RequestBody};
 use crate::routing::CompiledApi;
 use crate::upstream::{InFlight, SendError, Target};
 
@@ -63,6 +63,8 @@ struct Outgoing {
     replayable: bool,
     /// How hyper hands over the client's connection once we answer 101.
     client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+    /// How the client's body ended; `None` for a request without one.
+    body_status: Option<BodyStatus>,
 }
 
 impl Outgoing {
@@ -78,7 +80,8 @@ impl Outgoing {
         let upgrade = upgrade_protocol(request.headers());
         // Must be taken before the request is consumed.
         let client_upgrade = upgrade.is_some().then(|| hyper::upgrade::on(&mut request));
-        let (parts, body) = request.into_parts();
+        let (mut parts, body) = request.into_parts();
+        let body_status = parts.extensions.remove::<BodyStatus>();
         // HTTP/2 carries the host in the URI, HTTP/1.1 in `Host` (whose value is shared, not copied).
         let original_host = match parts.uri.authority() {
             Some(authority) => HeaderValue::from_str(authority.as_str()).ok(),
@@ -110,7 +113,20 @@ impl Outgoing {
             replayable: body.is_end_stream(),
             body: Some(body),
             client_upgrade,
+            body_status,
         })
+    }
+
+    /// Why the client's body failed, when it did: then the exchange failed
+    /// because of the client, not the target.
+    fn client_fault(&self) -> Option<ClientFault> {
+        self.body_status.as_ref().and_then(BodyStatus::fault)
+    }
+
+    /// Whether the client was still sending its body (not the target's fault
+    /// that it could not answer yet).
+    fn still_receiving(&self) -> bool {
+        self.body_status.as_ref().is_some_and(BodyStatus::receiving)
     }
 
     fn idempotent(&self) -> bool {
@@ -198,6 +214,11 @@ fn send<'a>(
                     return Ok(finish_response(response, outgoing.client_upgrade.take(), in_flight, exchange));
                 }
                 Ok(Err(error)) => {
+                    if let Some(fault) = outgoing.client_fault() {
+                        // The client's body broke the exchange: the target did nothing wrong.
+                        tracing::debug!(upstream = %pool.name, %error, ?fault, "the client's body failed the exchange");
+                        return Err(ProxyError::ClientBody(fault));
+                    }
                     pool.record_failure(&target);
                     if error.may_resend() && may_retry && pool.withdraw_retry() {
                         attempt += 1;
@@ -209,6 +230,10 @@ fn send<'a>(
                         SendError::Connect(_) => ProxyError::Connect { target, reason },
                         SendError::Exchange(_) => ProxyError::Upstream { target, reason },
                     });
+                }
+                Err(_) if outgoing.still_receiving() || outgoing.client_fault().is_some() => {
+                    // No target can answer a request whose body has not arrived.
+                    return Err(ProxyError::ClientBody(ClientFault::TimedOut));
                 }
                 Err(_) => {
                     pool.record_failure(&target);

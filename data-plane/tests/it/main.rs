@@ -10,6 +10,7 @@ mod support;
 
 mod hostile_headers;
 mod hostile_paths;
+mod hostile_clients;
 mod lifecycle;
 mod openapi;
 mod policies;

@@ -1,0 +1,72 @@
+//! Settings a data plane would refuse, or that would let a client harm others, are refused at write with the
+//! pointer of the field: an Argon2 password hash above the cost bounds both planes share (one login attempt would
+//! cost its memory), and CORS that allows any origin with credentials.
+
+use serde_json::json;
+
+use super::errors::pointers;
+use super::support::{Server, both};
+
+both!(costly_password_hashes_are_refused, costly_password_hashes_are_refused);
+both!(credentialed_any_origin_is_refused, credentialed_any_origin_is_refused);
+
+/// A well-formed Argon2id PHC string with the given parameters.
+fn hash(params: &str) -> String {
+    format!("$argon2id$v=19${params}$c2FsdHNhbHRzYWx0$aGFzaGhhc2hoYXNoaGFzaGhhc2hoYXNoaGFzaA")
+}
+
+async fn costly_password_hashes_are_refused(server: &Server) {
+    let before = server.version().await;
+    for (params, too_high) in
+        [("m=4194304,t=1,p=1", "m=4194304"), ("m=19456,t=11,p=1", "t=11"), ("m=19456,t=2,p=5", "p=5")]
+    {
+        let consumer = json!({ "username": "mallory", "basic_auth": { "password_hash": hash(params) } });
+        let problem = server.post("/v1/consumers", &consumer).await.problem(422, "invalid-config");
+        assert_eq!(pointers(&problem), ["/consumers/mallory/basic_auth/password_hash"], "{params}: {problem}");
+        assert!(problem.to_string().contains(too_high), "{params}: {problem}");
+    }
+    // The same through a whole-config import.
+    let config = json!({ "consumers": [{ "username": "mallory", "basic_auth": { "password_hash": hash("m=4194304,t=1,p=1") } }] });
+    let problem = server.put("/v1/config", &config).await.problem(422, "invalid-config");
+    assert_eq!(pointers(&problem), ["/consumers/mallory/basic_auth/password_hash"], "{problem}");
+    assert_eq!(server.version().await, before, "nothing committed");
+
+    // At the bounds it is accepted, as is a password the control plane hashes itself.
+    let consumer = json!({ "username": "ann", "basic_auth": { "password_hash": hash("m=65536,t=10,p=4") } });
+    server.post("/v1/consumers", &consumer).await.expect(201);
+    server
+        .post("/v1/consumers", &json!({ "username": "bob", "basic_auth": { "password": "s3cret" } }))
+        .await
+        .expect(201);
+}
+
+async fn credentialed_any_origin_is_refused(server: &Server) {
+    server
+        .post("/v1/upstreams", &json!({ "name": "backend", "targets": [{ "url": "http://127.0.0.1:9001" }] }))
+        .await
+        .expect(201);
+    let before = server.version().await;
+    let api = json!({
+        "name": "shop",
+        "upstream": "backend",
+        "policies": [{ "cors": { "allow_origins": ["https://shop.example", "*"], "allow_credentials": true } }],
+    });
+    let problem = server.post("/v1/apis", &api).await.problem(422, "invalid-config");
+    assert_eq!(pointers(&problem), ["/apis/shop/policies/0/cors/allow_credentials"], "{problem}");
+    assert_eq!(server.version().await, before, "nothing committed");
+
+    // Listed origins with credentials, or any origin without them, are fine.
+    let listed = json!({
+        "name": "shop",
+        "upstream": "backend",
+        "policies": [{ "cors": { "allow_origins": ["https://shop.example"], "allow_credentials": true } }],
+    });
+    server.post("/v1/apis", &listed).await.expect(201);
+    let open = json!({
+        "name": "open",
+        "path_prefix": "/open",
+        "upstream": "backend",
+        "policies": [{ "cors": { "allow_origins": ["*"] } }],
+    });
+    server.post("/v1/apis", &open).await.expect(201);
+}

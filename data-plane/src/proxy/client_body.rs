@@ -1,0 +1,95 @@
+//! The client's request body as the rest of the request path reads it, right
+//! after route match: bounded in time (`--client-body-timeout-secs`, counted
+//! from the request head, whatever reads it: the forward streaming it
+//! upstream or OpenAPI validation buffering it) and watched, so that the
+//! [`BodyStatus`] tells later steps whether a failure was the client's.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Request;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt as _;
+use hyper::body::Incoming;
+use tokio::time::{Instant, Sleep};
+
+use crate::base::{BodyStatus, BoxError, ClientFault, RequestBody};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientBodyError {
+    #[error("the request body did not arrive within {0:?}")]
+    TimedOut(Duration),
+    #[error("reading the request body failed: {0}")]
+    Read(#[source] hyper::Error),
+}
+
+/// Turns the client's request into the request path's body type. A request
+/// without a body (most GETs) is passed through unwatched: it cannot fail.
+pub fn watch(request: Request<Incoming>, timeout: Duration, started: Instant) -> Request<RequestBody> {
+    let (mut parts, body) = request.into_parts();
+    if body.is_end_stream() {
+        return Request::from_parts(parts, body.map_err(Into::into).boxed());
+    }
+    let status = BodyStatus::default();
+    parts.extensions.insert(status.clone());
+    let body = ClientBody { inner: body, timeout, deadline: started + timeout, timer: None, status };
+    Request::from_parts(parts, body.boxed())
+}
+
+struct ClientBody {
+    inner: Incoming,
+    timeout: Duration,
+    deadline: Instant,
+    /// Made at the first wait for data: a body that is already buffered
+    /// when read (most small ones) never needs a timer.
+    timer: Option<Pin<Box<Sleep>>>,
+    status: BodyStatus,
+}
+
+impl Body for ClientBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        if this.status.fault().is_some() {
+            // Failed once: the reader has had its error.
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(None) => {
+                this.status.complete();
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Ok(frame))) => {
+                if this.inner.is_end_stream() {
+                    this.status.complete();
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                this.status.fail(ClientFault::Broken);
+                Poll::Ready(Some(Err(Box::new(ClientBodyError::Read(e)))))
+            }
+            Poll::Pending => {
+                let deadline = this.deadline;
+                let timer = this.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                if timer.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                this.status.fail(ClientFault::TimedOut);
+                Poll::Ready(Some(Err(Box::new(ClientBodyError::TimedOut(this.timeout)))))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
