@@ -6,8 +6,8 @@
 
 mod canonical;
 pub mod host;
-pub mod path;
 pub mod password;
+pub mod path;
 pub mod tls;
 mod validate;
 

@@ -8,9 +8,9 @@ mod gateway;
 mod raw_http;
 mod support;
 
+mod hostile_clients;
 mod hostile_headers;
 mod hostile_paths;
-mod hostile_clients;
 mod lifecycle;
 mod openapi;
 mod policies;
