@@ -137,12 +137,14 @@ impl VerifierPool {
         let permit = match self.slots.try_acquire() {
             Ok(permit) => permit,
             Err(_) => {
-                if self.waiting.fetch_add(1, Ordering::Relaxed) >= self.queue {
-                    self.waiting.fetch_sub(1, Ordering::Relaxed);
+                // Counted out when dropped: a client that hangs up while
+                // queued must not keep its place in the count.
+                let queued = Queued::join(&self.waiting);
+                if queued.ahead >= self.queue {
                     return Err(Busy);
                 }
                 let acquired = self.slots.acquire().await;
-                self.waiting.fetch_sub(1, Ordering::Relaxed);
+                drop(queued);
                 acquired.map_err(|_| Busy)?
             }
         };
@@ -150,6 +152,25 @@ impl VerifierPool {
         let matched = tokio::task::spawn_blocking(move || hash.matches(&password)).await.unwrap_or(false);
         drop(permit);
         Ok(matched)
+    }
+}
+
+/// One place in the queue of a [`VerifierPool`], held while waiting.
+struct Queued<'a> {
+    waiting: &'a AtomicUsize,
+    /// How many were waiting before this one.
+    ahead: usize,
+}
+
+impl<'a> Queued<'a> {
+    fn join(waiting: &'a AtomicUsize) -> Self {
+        Queued { waiting, ahead: waiting.fetch_add(1, Ordering::Relaxed) }
+    }
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.waiting.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -205,8 +226,12 @@ mod tests {
             tokio::task::yield_now().await;
         }
         assert!(filled(), "one check running, one waiting");
-        assert_eq!(pool.verify(slow, b"z".to_vec()).await, Err(Busy));
+        assert_eq!(pool.verify(slow.clone(), b"z".to_vec()).await, Err(Busy));
+        // A waiting check whose client hung up leaves the queue.
+        second.abort();
+        assert!(second.await.is_err_and(|e| e.is_cancelled()));
+        assert_eq!(pool.waiting.load(Ordering::Relaxed), 0);
         assert_eq!(first.await.unwrap(), Ok(false));
-        assert_eq!(second.await.unwrap(), Ok(false));
+        assert_eq!(pool.verify(slow, b"w".to_vec()).await, Ok(false));
     }
 }
