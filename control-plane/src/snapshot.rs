@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use sluice_proto::v1;
-use sluice_proto::{Violation, canonicalize, content_hash, validate};
+use sluice_proto::{Violation, canonicalize, check_compilable, content_hash, validate};
 
 use crate::model::{self, Balance, Config, HashSource, Policy, RateLimitKey};
 use crate::secrets::SecretBox;
@@ -42,79 +42,18 @@ pub fn build_snapshot(
         certificates: config.certificates.iter().filter_map(|c| certificate(c, secrets, &mut violations)).collect(),
         api_key_hmac_key: api_key_hmac_key.to_vec(),
     };
-    for api in &config.apis {
-        check_jwks(api, &mut violations);
-    }
     canonicalize(&mut snapshot);
-    if let Err(found) = validate(&snapshot) {
-        violations.extend(found);
+    match validate(&snapshot) {
+        Err(found) => violations.extend(found),
+        // What a data plane would refuse when it compiles the snapshot; on a
+        // snapshot that failed `validate` these would repeat its findings.
+        Ok(()) => violations.extend(check_compilable(&snapshot).err().unwrap_or_default()),
     }
     if !violations.is_empty() {
         return Err(violations);
     }
     snapshot.hash = content_hash(&snapshot);
     Ok(snapshot)
-}
-
-/// A JWKS is checked at write time, key by key, with the same library the
-/// data planes load it with: a document they could not compile would be
-/// NACKed by every one of them, long after the operator's request returned.
-fn check_jwks(api: &model::Api, violations: &mut Vec<Violation>) {
-    use jsonwebtoken::DecodingKey;
-    use jsonwebtoken::jwk::{AlgorithmParameters, JwkSet};
-    for (i, policy) in api.policies.iter().enumerate() {
-        let Policy::Jwt(jwt) = policy else { continue };
-        let Some(text) = &jwt.jwks else { continue };
-        let path = format!("/apis/{}/policies/{i}/jwt/jwks", api.name);
-        let set: JwkSet = match serde_json::from_str(text) {
-            Ok(set) => set,
-            Err(e) => {
-                violations.push(violation(path, format!("is not a JWK set (RFC 7517): {e}")));
-                continue;
-            }
-        };
-        if set.keys.is_empty() {
-            violations.push(violation(path, "lists no keys"));
-            continue;
-        }
-        // The field is a string, so the pointer stops at it; the message
-        // names the key inside the document.
-        for (k, jwk) in set.keys.iter().enumerate() {
-            let key = jwk.common.key_id.as_ref().map_or_else(|| format!("key {k}"), |kid| format!("key `{kid}`"));
-            if matches!(jwk.algorithm, AlgorithmParameters::OctetKey(_)) {
-                // A published document must not carry a shared secret.
-                let message = format!("{key}: symmetric (`oct`) keys are not accepted; give the consumer a JWT key");
-                violations.push(violation(path.clone(), message));
-            } else if let Err(e) = DecodingKey::from_jwk(jwk) {
-                violations.push(violation(path.clone(), format!("{key}: the key cannot be loaded: {e}")));
-            } else if let Some(problem) = stated_algorithm_problem(jwk) {
-                violations.push(violation(path.clone(), format!("{key}: {problem}")));
-            }
-        }
-    }
-}
-
-/// A key's `alg` must fit its type and curve: the data planes refuse a JWKS
-/// whose key states an algorithm it cannot verify.
-fn stated_algorithm_problem(jwk: &jsonwebtoken::jwk::Jwk) -> Option<String> {
-    use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve};
-    use jsonwebtoken::{Algorithm, AlgorithmFamily};
-    let stated = jwk.common.key_algorithm?;
-    let Ok(algorithm) = Algorithm::try_from(stated) else {
-        return Some(format!("`{stated}` is not a signing algorithm"));
-    };
-    let fits = match &jwk.algorithm {
-        AlgorithmParameters::RSA(_) => algorithm.family() == AlgorithmFamily::Rsa,
-        AlgorithmParameters::EllipticCurve(p) => match p.curve {
-            EllipticCurve::P256 => algorithm == Algorithm::ES256,
-            EllipticCurve::P384 => algorithm == Algorithm::ES384,
-            // Keys the data planes cannot use are skipped there, whatever their `alg`.
-            _ => true,
-        },
-        AlgorithmParameters::OctetKeyPair(p) => p.curve != EllipticCurve::Ed25519 || algorithm == Algorithm::EdDSA,
-        _ => true,
-    };
-    (!fits).then(|| format!("algorithm `{stated}` does not match the key type"))
 }
 
 fn violation(path: String, message: impl Into<String>) -> Violation {
@@ -447,6 +386,14 @@ mod tests {
             build_snapshot(&config(vec![api("ok", &good)]), &secrets, &[0; 32], &SpecCache::default()).unwrap();
         let Some(v1::policy::Kind::Jwt(jwt)) = &snapshot.apis[0].policies[1].kind else { panic!("jwt policy") };
         assert_eq!((jwt.jwks.as_str(), jwt.consumer_claim.as_str()), (good.as_str(), "email"));
+        // A provider's document that also lists an encryption key is taken as
+        // published, as the data planes take it.
+        let with_enc = serde_json::json!({"keys": [
+            {"kty": "OKP", "crv": "Ed25519", "kid": "idp-1", "x": x},
+            {"kty": "RSA", "use": "enc", "kid": "enc-1", "n": "!!", "e": "AQAB"},
+        ]})
+        .to_string();
+        build_snapshot(&config(vec![api("enc", &with_enc)]), &secrets, &[0; 32]).unwrap();
 
         let mismatch =
             serde_json::json!({"keys": [{"kty": "OKP", "crv": "Ed25519", "alg": "RS256", "x": x}]}).to_string();

@@ -26,7 +26,8 @@ pub struct ParsedSpec {
     pub api_version: String,
     pub path_count: usize,
     /// Path part of `servers[0].url` (server variables replaced by their defaults), without a trailing slash;
-    /// `None` when there is no server or it sits at the root.
+    /// `None` when there is no server or it sits at the root (`sluice_proto::openapi::base_path`, as a data
+    /// plane reads it).
     pub base_path: Option<String>,
     /// `scheme://host:port` of `servers[0].url` when it is absolute: where an
     /// API created from the spec alone forwards to.
@@ -57,6 +58,8 @@ pub enum SpecError {
     TooDeep(TooDeep),
     #[error("the document is {size} bytes; specs are limited to {limit} bytes (--max-spec-bytes)")]
     TooLarge { size: usize, limit: usize },
+    #[error(transparent)]
+    Server(#[from] sluice_proto::openapi::ServerError),
 }
 
 impl SpecError {
@@ -251,9 +254,8 @@ pub fn parse_spec(content: &str) -> Result<ParsedSpec, SpecError> {
         return Err(SpecError::BadRefs(problems));
     }
 
-    let first_server = root.get("servers").and_then(|s| s.get(0));
-    let base_path = first_server.and_then(server_base_path);
-    let server_origin = first_server.and_then(server_origin);
+    let base_path = sluice_proto::openapi::base_path(&json)?;
+    let server_origin = sluice_proto::openapi::server_origin(&json)?;
     Ok(ParsedSpec { openapi_version: openapi, title, api_version, path_count, base_path, server_origin, json })
 }
 
@@ -351,46 +353,6 @@ fn resolve_fragment<'a>(root: &'a Value, fragment: &str) -> Option<&'a Value> {
     root.pointer(&decoded)
 }
 
-/// The server URL with each `{variable}` replaced by its default.
-fn server_url(server: &Value) -> Option<String> {
-    let mut url = server.get("url")?.as_str()?.to_owned();
-    if let Some(Value::Object(variables)) = server.get("variables") {
-        for (name, variable) in variables {
-            if let Some(default) = variable.get("default").and_then(Value::as_str) {
-                url = url.replace(&format!("{{{name}}}"), default);
-            }
-        }
-    }
-    Some(url)
-}
-
-fn server_origin(server: &Value) -> Option<String> {
-    let url = server_url(server)?;
-    let (scheme, rest) = url.split_once("://")?;
-    let authority = rest.split(['/', '?', '#']).next().filter(|a| !a.is_empty())?;
-    matches!(scheme, "http" | "https").then(|| format!("{scheme}://{authority}"))
-}
-
-fn server_base_path(server: &Value) -> Option<String> {
-    let url = server_url(server)?;
-    let path = match url.find("://") {
-        Some(scheme_end) => {
-            let after_authority = &url[scheme_end + 3..];
-            after_authority.find('/').map_or("", |slash| &after_authority[slash..])
-        }
-        // A relative server URL ("/shop/v2", or "v2" relative to the document) is already the path.
-        None => url.as_str(),
-    };
-    let path = path.split(['?', '#']).next().unwrap_or_default().trim_end_matches('/');
-    if path.is_empty() {
-        None
-    } else if path.starts_with('/') {
-        Some(path.to_owned())
-    } else {
-        Some(format!("/{path}"))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -439,22 +401,6 @@ mod tests {
         assert_eq!(spec.openapi_version, "3.1.0");
         assert_eq!(spec.base_path.as_deref(), Some("/api/v1"));
         assert_eq!(spec.path_count, 1);
-    }
-
-    #[test]
-    fn base_path_forms() {
-        let cases = [
-            (serde_json::json!({"url": "https://h.example/shop/v2"}), Some("/shop/v2")),
-            (serde_json::json!({"url": "https://h.example"}), None),
-            (serde_json::json!({"url": "https://h.example/"}), None),
-            (serde_json::json!({"url": "/relative/"}), Some("/relative")),
-            (serde_json::json!({"url": "v1"}), Some("/v1")),
-            (serde_json::json!({"url": "http://h:8080/a?x=1"}), Some("/a")),
-            (serde_json::json!({"nourl": true}), None),
-        ];
-        for (server, want) in cases {
-            assert_eq!(server_base_path(&server).as_deref(), want, "{server}");
-        }
     }
 
     #[test]

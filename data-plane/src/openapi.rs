@@ -187,7 +187,10 @@ fn build_router(inputs: &Inputs) -> Result<Router, SpecError> {
         document::rewrite_30(&mut doc);
     }
     let api_prefix = inputs.path_prefix.trim_end_matches('/').to_owned();
-    let mut router = Router::new(vec![document::base_path(&doc), api_prefix]);
+    // The same reading of `servers[0]` as the control plane's (a variable without a default is refused).
+    let base_path = sluice_proto::openapi::base_path(&doc)
+        .map_err(|e| SpecError::Invalid { pointer: "/servers/0".into(), reason: e.to_string() })?;
+    let mut router = Router::new(vec![base_path.unwrap_or_default(), api_prefix]);
     let mut schemas = SchemaCompiler::new(&doc)?;
     for (template, item) in doc.get("paths").and_then(Value::as_object).into_iter().flatten() {
         let (item_pointer, item) = resolve(&doc, format!("/paths/{}", escape(template)), item)?;

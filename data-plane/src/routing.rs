@@ -4,7 +4,6 @@
 //! `TableStore` swaps it in with one atomic store that every new request then
 //! reads once.
 
-mod matcher;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -15,7 +14,8 @@ use http::Method;
 use sha2::{Digest, Sha256};
 use sluice_proto::v1;
 
-pub use matcher::RouteMiss;
+pub use sluice_proto::routes::RouteMiss;
+use sluice_proto::routes as matcher;
 
 use crate::base::RequestMetrics;
 use crate::fast_map::FastMap;
@@ -165,15 +165,7 @@ pub fn compile(
     let matcher = match previous.filter(|p| p.route_digest == route_digest) {
         Some(previous) => previous.matcher.clone(),
         None => {
-            let names: Vec<&str> = snapshot.apis.iter().map(|a| a.name.as_str()).collect();
-            let routes = snapshot.apis.iter().enumerate().map(|(i, a)| matcher::RouteSpec {
-                api: i,
-                hosts: &a.hosts,
-                path_prefix: &a.path_prefix,
-                paths: &a.paths,
-                methods: &a.methods,
-            });
-            let matcher = matcher::Matcher::build(routes, &names)
+            let matcher = matcher::Matcher::from_apis(&snapshot.apis)
                 .map_err(|c| CompileError::RouteConflict { route: c.route, detail: c.detail })?;
             Arc::new(matcher)
         }

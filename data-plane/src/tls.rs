@@ -9,17 +9,14 @@
 mod certificates;
 mod upstream;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use rustls::crypto::CryptoProvider;
 
 pub use certificates::{CertificateError, CertificateSet, CompiledCertificate};
 pub use upstream::{UpstreamTls, UpstreamTlsError};
 
-/// The one crypto provider of the process (aws-lc-rs). Passed explicitly to
-/// every rustls builder rather than installed as the process default, so no
-/// other crate's choice of default can make a config pick another provider.
+/// The one crypto provider of the process (see [`sluice_proto::tls::provider`]).
 pub(crate) fn provider() -> Arc<CryptoProvider> {
-    static PROVIDER: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
-    PROVIDER.get_or_init(|| Arc::new(rustls::crypto::aws_lc_rs::default_provider())).clone()
+    sluice_proto::tls::provider()
 }

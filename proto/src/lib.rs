@@ -1,13 +1,23 @@
 //! The contract between Sluice's control plane and data planes: the snapshot
 //! types and the sync service (generated from `proto/sluice.proto`), the hash
 //! that identifies a snapshot's content, the structural validation both
-//! planes run before they accept a snapshot, and the request-path rules
-//! (canonical form, percent-decoding) both planes apply.
+//! planes run before they accept a snapshot, the request-path rules
+//! (canonical form, percent-decoding) both planes apply, and the rules both
+//! apply when they read a snapshot (routes, CIDRs, TLS material, JWT keys, a
+//! spec's server): the control plane checks a write with the code a data
+//! plane compiles it with ([`check_compilable`]), so it refuses what they
+//! would refuse.
 
 mod canonical;
+mod cidr;
+mod compilable;
 pub mod host;
+pub mod jwt;
+pub mod openapi;
 pub mod password;
 pub mod path;
+pub mod policy;
+pub mod routes;
 pub mod tls;
 mod validate;
 
@@ -18,8 +28,10 @@ pub mod v1 {
 }
 
 pub use canonical::{canonicalize, content_hash};
+pub use cidr::{Cidr, CidrError};
+pub use compilable::check_compilable;
 pub use password::check_password_hash;
-pub use validate::{MAX_NAME_LEN, NAME_PATTERN, Violation, check_name, parse_cidr, policy_name, validate};
+pub use validate::{MAX_NAME_LEN, NAME_PATTERN, Violation, check_name, policy_name, validate};
 
 /// Version of the sync protocol. A data plane whose Hello carries another
 /// version is refused with a reason, so that a mixed-version cluster fails

@@ -1,13 +1,21 @@
-//! TLS material of the sync channel, read from PEM files by both planes: the
+//! TLS material both planes read. From PEM files, for the sync channel: the
 //! control plane's certificate and key (and the CA its data planes' client
 //! certificates must chain to), a data plane's CA bundle and client identity.
-//! One reader, so both planes describe a bad file the same way.
+//! From a snapshot: certificates served to clients or presented to upstreams,
+//! an upstream's CA bundle and SNI name, which a data plane loads when it
+//! compiles the snapshot and the control plane loads, with the same
+//! functions, before it commits one. One reader, so both planes describe bad
+//! material the same way and the control plane refuses what a data plane
+//! would.
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
 
 use rustls::RootCertStore;
+use rustls::crypto::CryptoProvider;
+use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
 /// The sync service is gRPC, which needs HTTP/2: both ends offer only `h2`.
 pub const SYNC_ALPN: &[u8] = b"h2";
@@ -51,6 +59,65 @@ pub fn roots(path: &Path) -> Result<RootCertStore, PemFileError> {
     Ok(roots)
 }
 
+/// The one crypto provider (aws-lc-rs). Passed explicitly to every rustls
+/// builder rather than installed as the process default, so no other crate's
+/// choice of default can make a config pick another provider.
+pub fn provider() -> Arc<CryptoProvider> {
+    static PROVIDER: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
+    PROVIDER.get_or_init(|| Arc::new(rustls::crypto::aws_lc_rs::default_provider())).clone()
+}
+
+/// TLS material in a snapshot that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum MaterialError {
+    #[error("cannot parse the PEM chain: {0}")]
+    Chain(rustls_pki_types::pem::Error),
+    #[error("the chain holds no CERTIFICATE block")]
+    EmptyChain,
+    #[error("cannot parse the private key: {0}")]
+    Key(rustls_pki_types::pem::Error),
+    #[error("the key does not fit the certificate: {0}")]
+    KeyMismatch(rustls::Error),
+    #[error("cannot parse PEM: {0}")]
+    BundlePem(rustls_pki_types::pem::Error),
+    #[error("not a usable CA certificate: {0}")]
+    BundleCertificate(rustls::Error),
+    #[error("holds no CERTIFICATE block")]
+    EmptyBundle,
+    #[error("`{0}` is not a valid server name")]
+    ServerName(String),
+}
+
+/// A certificate chain (leaf first) and its private key, loaded and checked
+/// to belong together: a mismatched pair would only fail at handshake time.
+pub fn certified_key(chain_pem: &str, private_key_pem: &str) -> Result<CertifiedKey, MaterialError> {
+    let chain = CertificateDer::pem_slice_iter(chain_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(MaterialError::Chain)?;
+    if chain.is_empty() {
+        return Err(MaterialError::EmptyChain);
+    }
+    let key = PrivateKeyDer::from_pem_slice(private_key_pem.as_bytes()).map_err(MaterialError::Key)?;
+    CertifiedKey::from_der(chain, key, &provider()).map_err(MaterialError::KeyMismatch)
+}
+
+/// An upstream's CA bundle as trust anchors.
+pub fn ca_bundle(pem: &str) -> Result<RootCertStore, MaterialError> {
+    let mut roots = RootCertStore::empty();
+    for certificate in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+        roots.add(certificate.map_err(MaterialError::BundlePem)?).map_err(MaterialError::BundleCertificate)?;
+    }
+    if roots.is_empty() {
+        return Err(MaterialError::EmptyBundle);
+    }
+    Ok(roots)
+}
+
+/// The name sent (and verified) instead of each target's host: an upstream's `tls.sni`.
+pub fn server_name(sni: &str) -> Result<ServerName<'static>, MaterialError> {
+    ServerName::try_from(sni.to_owned()).map_err(|_| MaterialError::ServerName(sni.to_owned()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -67,5 +134,13 @@ mod tests {
         assert!(certificates(&text).unwrap_err().to_string().contains("no CERTIFICATE"));
         assert!(private_key(&text).unwrap_err().to_string().contains("no usable PEM private key"));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn unusable_snapshot_material_is_refused_with_the_reason() {
+        assert!(matches!(ca_bundle("not a certificate"), Err(MaterialError::EmptyBundle)));
+        assert!(matches!(certified_key("not a certificate", "nor a key"), Err(MaterialError::EmptyChain)));
+        assert!(matches!(server_name("bad name!"), Err(MaterialError::ServerName(_))));
+        assert!(server_name("api.example.com").is_ok());
     }
 }

@@ -131,26 +131,41 @@ async fn swaps_under_load_drop_nothing_and_in_flight_requests_finish_on_the_old_
     Ok(())
 }
 
+/// A spec whose request body schema has a `pattern` that is not a regular
+/// expression. The control plane parses specs at upload but leaves schema
+/// compilation to the data planes, so this is still a snapshot that it
+/// commits and every data plane NACKs.
+fn spec_with_a_bad_pattern() -> Value {
+    let content = json!({
+        "openapi": "3.0.3",
+        "info": { "title": "bad pattern", "version": "1" },
+        "paths": { "/bad/items": { "post": {
+            "requestBody": { "content": { "application/json": { "schema": { "type": "string", "pattern": "([" } } } },
+            "responses": { "200": { "description": "ok" } },
+        } } },
+    });
+    json!({ "name": "bad-pattern", "content": content.to_string() })
+}
+
 #[tokio::test]
 async fn a_snapshot_the_data_plane_cannot_compile_is_nacked_and_the_old_routes_keep_serving() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let Cluster { cp: _cp, admin, upstream: _u1, backend: a1, dp } = Cluster::start(dir.path(), "dp-nack").await?;
-    let proxy = dp.addr("http_addr")?;
+    let Cluster { cp, admin, upstream: _u1, backend: a1, mut dp } = Cluster::start(dir.path(), "dp-nack").await?;
     let client = reqwest::Client::builder().timeout(WAIT).build()?;
 
     admin.create_upstream("pool", a1).await?;
     admin
         .ok(Method::POST, "/v1/apis", Some(json!({ "name": "svc", "path_prefix": "/svc", "upstream": "pool" })))
         .await?;
-    let url = format!("http://{proxy}/svc/x");
+    let url = format!("http://{}/svc/x", dp.addr("http_addr")?);
     eventually("the API on the data plane", || async { served_by(&client, &url).await.is_ok() }).await?;
     let good = admin.latest_version().await?;
     eventually("the good version applied", || all_applied(&admin, good, 1)).await?;
 
-    // The control plane stores CA bundles as opaque text; only the data plane
-    // parses them, when it compiles the upstream's TLS config.
-    admin
-        .ok(
+    // What a data plane of this version would refuse, the control plane
+    // refuses first: nothing is committed, the field is named.
+    let (status, problem) = admin
+        .send(
             Method::POST,
             "/v1/upstreams",
             Some(json!({
@@ -160,8 +175,23 @@ async fn a_snapshot_the_data_plane_cannot_compile_is_nacked_and_the_old_routes_k
             })),
         )
         .await?;
+    ensure!(status == 422, "a bad CA bundle: {status} {problem}");
+    ensure!(problem["errors"][0]["pointer"] == "/upstreams/bad-tls/tls/ca_bundle", "{problem}");
+    ensure!(admin.latest_version().await? == good, "the refused write made a snapshot");
+
+    admin.ok(Method::POST, "/v1/specs", Some(spec_with_a_bad_pattern())).await?;
+    admin
+        .ok(
+            Method::POST,
+            "/v1/apis",
+            Some(json!({
+                "name": "bad", "path_prefix": "/bad", "upstream": "pool",
+                "openapi": { "spec": "bad-pattern", "validate_requests": true },
+            })),
+        )
+        .await?;
     let bad = admin.latest_version().await?;
-    ensure!(bad > good, "the bad upstream made no snapshot");
+    ensure!(bad > good, "the bad API made no snapshot");
     eventually("the NACK on /v1/data-planes", || async {
         let nodes = admin.data_planes().await.unwrap_or_default();
         nodes.first().is_some_and(|n| n["last_nack_version"].as_u64() == Some(bad))
@@ -169,7 +199,7 @@ async fn a_snapshot_the_data_plane_cannot_compile_is_nacked_and_the_old_routes_k
     .await?;
     let row = admin.data_planes().await?.into_iter().next().unwrap_or_default();
     let error = row["last_error"].as_str().unwrap_or_default();
-    ensure!(error.contains("bad-tls") && error.contains("ca_bundle"), "NACK reason: {row}");
+    ensure!(error.contains("bad-pattern"), "NACK reason: {row}");
     ensure!(row["applied_version"].as_u64() == Some(good), "the node moved off the good version: {row}");
     // The old table keeps serving.
     for _ in 0..5 {
@@ -177,8 +207,25 @@ async fn a_snapshot_the_data_plane_cannot_compile_is_nacked_and_the_old_routes_k
         ensure!(served.as_deref() == Ok("u1"), "after the NACK: {served:?}");
     }
 
+    // Restarted without a cache, the node asks again and gets the newest
+    // version it can take, not the one it refused: it is ready and serves.
+    dp.kill().await?;
+    let dp = data_plane(cp.addr("grpc_addr")?, "dp-nack").await?;
+    let url = format!("http://{}/svc/x", dp.addr("http_addr")?);
+    let ready = format!("http://{}/readyz", dp.addr("ops_addr")?);
+    eventually("the restarted node ready", || async {
+        client.get(&ready).send().await.is_ok_and(|r| r.status().is_success())
+    })
+    .await?;
+    let served = served_by(&client, &url).await;
+    ensure!(served.as_deref() == Ok("u1"), "after the restart: {served:?}");
+    eventually("the good version applied again", || all_applied(&admin, good, 1)).await?;
+    let metrics = client.get(format!("http://{}/metrics", dp.addr("ops_addr")?)).send().await?.text().await?;
+    let rejects = metric_sum(&metrics, "sluice_snapshot_rejects_total").unwrap_or_default();
+    ensure!(rejects == 0.0, "the refused snapshot was sent again ({rejects} rejected)");
+
     // A newer snapshot that compiles is accepted and clears the error.
-    admin.ok(Method::DELETE, "/v1/upstreams/bad-tls", None).await?;
+    admin.ok(Method::DELETE, "/v1/apis/bad", None).await?;
     let fixed = admin.latest_version().await?;
     eventually("the fixed version applied", || all_applied(&admin, fixed, 1)).await?;
     let row = admin.data_planes().await?.into_iter().next().unwrap_or_default();

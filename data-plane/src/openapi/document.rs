@@ -1,5 +1,5 @@
-//! The OpenAPI document as the `openapi` compile step reads it: version, base
-//! path from `servers`, `$ref` following for non-schema objects (parameters,
+//! The OpenAPI document as the `openapi` compile step reads it: version,
+//! `$ref` following for non-schema objects (parameters,
 //! request bodies, responses), and the 3.0 → JSON Schema 2020-12 rewrite that
 //! lets one validator engine serve both OpenAPI versions.
 
@@ -25,36 +25,6 @@ pub(super) fn version(doc: &Value) -> Result<Version, SpecError> {
         Some(v) => Err(SpecError::Version(v.to_owned())),
         None if doc.get("swagger").is_some() => Err(SpecError::Version("Swagger 2.0".into())),
         None => Err(SpecError::Version("missing `openapi` field".into())),
-    }
-}
-
-/// The path part of `servers[0].url` with server variables at their defaults,
-/// without a trailing slash ("" when the API sits at the root).
-pub(super) fn base_path(doc: &Value) -> String {
-    let Some(server) = doc.get("servers").and_then(|s| s.get(0)) else { return String::new() };
-    let mut url = server.get("url").and_then(Value::as_str).unwrap_or("/").to_owned();
-    if let Some(vars) = server.get("variables").and_then(Value::as_object) {
-        for (name, var) in vars {
-            let default = var.get("default").and_then(Value::as_str).unwrap_or("");
-            url = url.replace(&format!("{{{name}}}"), default);
-        }
-    }
-    // Absolute URL: drop scheme and authority. Relative: it is the path itself.
-    let path = match url.find("://") {
-        Some(i) => {
-            let rest = &url[i + 3..];
-            rest.find('/').map_or("", |j| &rest[j..])
-        }
-        None => url.as_str(),
-    };
-    let path = path.split(['?', '#']).next().unwrap_or("");
-    let trimmed = path.trim_end_matches('/');
-    if trimmed.is_empty() {
-        String::new()
-    } else if trimmed.starts_with('/') {
-        trimmed.to_owned()
-    } else {
-        format!("/{trimmed}")
     }
 }
 
@@ -180,24 +150,6 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-
-    #[test]
-    fn base_path_table() {
-        let cases = [
-            (json!({}), ""),
-            (json!({"servers": [{"url": "https://api.predic8.de/shop/v2"}]}), "/shop/v2"),
-            (json!({"servers": [{"url": "https://api.example.com"}]}), ""),
-            (json!({"servers": [{"url": "/v1/"}]}), "/v1"),
-            (json!({"servers": [{"url": "v1"}]}), "/v1"),
-            (
-                json!({"servers": [{"url": "{scheme}://h/{base}", "variables": {"scheme": {"default": "https"}, "base": {"default": "api/v3"}}}]}),
-                "/api/v3",
-            ),
-        ];
-        for (doc, expected) in cases {
-            assert_eq!(base_path(&doc), expected, "{doc}");
-        }
-    }
 
     #[test]
     fn rewrite_30_table() {

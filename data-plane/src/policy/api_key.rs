@@ -26,10 +26,7 @@ pub struct ApiKeyAuth {
 
 impl ApiKeyAuth {
     pub fn compile(spec: &v1::ApiKeyAuth, api: &str, snapshot: &v1::Snapshot) -> Result<Self, String> {
-        let header = (!spec.header.is_empty())
-            .then(|| HeaderName::from_bytes(spec.header.as_bytes()))
-            .transpose()
-            .map_err(|_| format!("`{}` is not a valid header name", spec.header))?;
+        let header = sluice_proto::policy::api_key_header(spec)?;
         let query_param = (!spec.query_param.is_empty()).then(|| spec.query_param.clone());
         if header.is_none() && query_param.is_none() {
             return Err("needs a header or a query_param to read the key from".into());

@@ -1,52 +1,25 @@
 //! `ip_restriction`, the first check after CORS in the policy chain: allow and
-//! deny CIDR lists matched against the client's address, compiled to masks so
-//! the per-request check is a few integer comparisons.
+//! deny CIDR lists (`sluice_proto::Cidr`, the one parser both planes use)
+//! matched against the client's address, a few integer comparisons a request.
 
 use std::net::IpAddr;
 
 use http::StatusCode;
-use sluice_proto::v1;
+use sluice_proto::{Cidr, v1};
 
 use super::rejection::Rejection;
 
-/// An IPv4 or IPv6 block, held as IPv6 (IPv4 as `::ffff:a.b.c.d`) so one
-/// comparison serves both families.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Block {
-    network: u128,
-    mask: u128,
-}
-
-impl Block {
-    fn parse(text: &str) -> Result<Block, String> {
-        let (addr, len) =
-            sluice_proto::parse_cidr(text).ok_or_else(|| format!("`{text}` is not an IP address or CIDR block"))?;
-        let len = if addr.is_ipv4() { u32::from(len) + 96 } else { u32::from(len) };
-        let mask = if len == 0 { 0 } else { u128::MAX << (128 - len) };
-        Ok(Block { network: as_u128(addr) & mask, mask })
-    }
-
-    fn contains(&self, addr: u128) -> bool {
-        addr & self.mask == self.network
-    }
-}
-
-fn as_u128(addr: IpAddr) -> u128 {
-    match addr {
-        IpAddr::V4(v4) => u128::from(v4.to_ipv6_mapped()),
-        IpAddr::V6(v6) => u128::from(v6),
-    }
-}
-
 #[derive(Debug)]
 pub struct IpRestriction {
-    allow: Vec<Block>,
-    deny: Vec<Block>,
+    allow: Vec<Cidr>,
+    deny: Vec<Cidr>,
 }
 
 impl IpRestriction {
     pub fn compile(spec: &v1::IpRestriction) -> Result<Self, String> {
-        let parse = |list: &[String]| list.iter().map(|c| Block::parse(c)).collect::<Result<Vec<_>, _>>();
+        let parse = |list: &[String]| {
+            list.iter().map(|c| c.parse::<Cidr>().map_err(|e| e.to_string())).collect::<Result<Vec<_>, _>>()
+        };
         Ok(IpRestriction { allow: parse(&spec.allow)?, deny: parse(&spec.deny)? })
     }
 
@@ -54,9 +27,8 @@ impl IpRestriction {
     /// a non-empty allow list admits only its blocks. `client_ip` is the peer
     /// address: X-Forwarded-For is client-controlled and not trusted here.
     pub fn check(&self, client_ip: IpAddr) -> Result<(), Rejection> {
-        let addr = as_u128(client_ip.to_canonical());
-        let denied = self.deny.iter().any(|b| b.contains(addr));
-        let allowed = self.allow.is_empty() || self.allow.iter().any(|b| b.contains(addr));
+        let denied = self.deny.iter().any(|b| b.contains(client_ip));
+        let allowed = self.allow.is_empty() || self.allow.iter().any(|b| b.contains(client_ip));
         if denied || !allowed {
             return Err(Rejection::new("ip_restriction", StatusCode::FORBIDDEN, "ip-forbidden", "Forbidden")
                 .detail("Requests from your address are not allowed on this API."));
@@ -95,6 +67,7 @@ mod tests {
             (&["2001:db8::/32"], &[], "2001:db8:5::1", true),
             (&["2001:db8::/32"], &[], "2001:db9::1", false),
             (&["::/0"], &["::1"], "::1", false),
+            (&["::/0"], &[], "10.0.0.1", false),
         ];
         for (allow, deny, ip, want) in cases {
             let got = policy(allow, deny).check(ip.parse().unwrap()).is_ok();

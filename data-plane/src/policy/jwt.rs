@@ -6,14 +6,12 @@
 //! signature check, or a map lookup when the same token verified recently.
 
 use std::collections::HashMap;
-use std::str::FromStr as _;
 use std::sync::{Arc, Mutex};
 
 use http::HeaderValue;
 use jsonwebtoken::errors::ErrorKind;
-use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, JwkSet, PublicKeyUse};
-use jsonwebtoken::{Algorithm, AlgorithmFamily, DecodingKey, Validation};
-use sluice_proto::v1;
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use sluice_proto::{jwt as jwt_keys, v1};
 
 struct ConsumerKey {
     consumer: Arc<str>,
@@ -171,20 +169,20 @@ impl JwtAuth {
         let accepted = spec
             .algorithms
             .iter()
-            .map(|a| Algorithm::from_str(a).map_err(|_| format!("unsupported algorithm `{a}`")))
+            .map(|a| jwt_keys::algorithm(a).map_err(|e| e.to_string()))
             .collect::<Result<Vec<_>, _>>()?;
         let mut keys = HashMap::new();
         for consumer in consumers {
             for credential in &consumer.jwt_credentials {
                 let at = || format!("consumer `{}` JWT key `{}`", consumer.username, credential.key);
-                let algorithm = Algorithm::from_str(&credential.algorithm)
-                    .map_err(|_| format!("{}: unsupported algorithm `{}`", at(), credential.algorithm))?;
+                let algorithm = jwt_keys::algorithm(&credential.algorithm).map_err(|e| format!("{}: {e}", at()))?;
                 // A key whose algorithm this API does not accept can never
                 // verify here; leaving it out keeps the lookup honest.
                 if !accepted.is_empty() && !accepted.contains(&algorithm) {
                     continue;
                 }
-                let key = decoding_key(algorithm, credential).map_err(|e| format!("{}: {e}", at()))?;
+                let key = jwt_keys::decoding_key(algorithm, &credential.secret, &credential.public_key_pem)
+                    .map_err(|e| format!("{}: {e}", at()))?;
                 let validation = validation(spec, algorithm);
                 let consumer = consumer.username.as_str().into();
                 keys.insert(credential.key.clone(), ConsumerKey { consumer, key, validation });
@@ -325,87 +323,20 @@ fn rejection(e: &jsonwebtoken::errors::Error) -> JwtRejection {
     }
 }
 
-/// Decoding keys of the policy's JWKS. Only asymmetric signing keys: a JWKS is
-/// published by its issuer, so an `oct` (shared secret) key in it would let
-/// anyone who can read the document mint tokens.
+/// Decoding keys of the policy's JWKS, as `sluice_proto::jwt::jwks_keys`
+/// accepts them (the control plane refuses what it refuses).
 fn issuer_keys(spec: &v1::JwtAuth, accepted: &[Algorithm]) -> Result<Vec<IssuerKey>, String> {
-    let set: JwkSet = serde_json::from_str(&spec.jwks).map_err(|e| format!("the JWKS is not a JWK set: {e}"))?;
-    let mut keys = Vec::with_capacity(set.keys.len());
-    for (i, jwk) in set.keys.iter().enumerate() {
-        let at = || match &jwk.common.key_id {
-            Some(kid) => format!("JWKS key `{kid}`"),
-            None => format!("JWKS key {i}"),
-        };
-        if matches!(jwk.common.public_key_use, Some(PublicKeyUse::Encryption)) {
-            // An encryption key never verifies a signature; skipping it keeps
-            // a provider's mixed-use JWKS usable as published.
-            continue;
-        }
-        let mut algorithms = jwk_algorithms(jwk).map_err(|e| format!("{}: {e}", at()))?;
-        if !accepted.is_empty() {
-            algorithms.retain(|a| accepted.contains(a));
-        }
-        // Same as for consumer keys: a key this API cannot accept is left out.
-        let Some(&first) = algorithms.first() else { continue };
-        let key = DecodingKey::from_jwk(jwk).map_err(|e| format!("{}: the key cannot be loaded: {e}", at()))?;
-        let mut validation = validation(spec, first);
-        // Every algorithm here is of the key's own family (fixed by `kty`), so
-        // allowing several cannot turn the public key into an HMAC secret.
-        validation.algorithms = algorithms;
-        keys.push(IssuerKey { kid: jwk.common.key_id.clone(), key, validation });
-    }
-    Ok(keys)
-}
-
-/// The algorithms a JWK may verify: its `alg` when it states one, otherwise
-/// every algorithm of its key type (and curve). None for a key type or curve
-/// jsonwebtoken cannot verify: an issuer's JWKS may list such keys next to
-/// usable ones, and the document should work as published.
-fn jwk_algorithms(jwk: &Jwk) -> Result<Vec<Algorithm>, String> {
-    let family = match &jwk.algorithm {
-        AlgorithmParameters::RSA(_) => vec![
-            Algorithm::RS256,
-            Algorithm::RS384,
-            Algorithm::RS512,
-            Algorithm::PS256,
-            Algorithm::PS384,
-            Algorithm::PS512,
-        ],
-        AlgorithmParameters::EllipticCurve(p) => match p.curve {
-            EllipticCurve::P256 => vec![Algorithm::ES256],
-            EllipticCurve::P384 => vec![Algorithm::ES384],
-            _ => return Ok(Vec::new()),
-        },
-        AlgorithmParameters::OctetKeyPair(p) if p.curve == EllipticCurve::Ed25519 => vec![Algorithm::EdDSA],
-        AlgorithmParameters::OctetKeyPair(_) => return Ok(Vec::new()),
-        AlgorithmParameters::OctetKey(_) => {
-            return Err("symmetric (`oct`) keys are not accepted in a JWKS; give the consumer a JWT key".into());
-        }
-        _ => return Ok(Vec::new()),
-    };
-    match jwk.common.key_algorithm {
-        None => Ok(family),
-        Some(stated) => {
-            let stated = Algorithm::try_from(stated).map_err(|_| format!("unsupported algorithm `{stated}`"))?;
-            if family.contains(&stated) {
-                Ok(vec![stated])
-            } else {
-                Err(format!("algorithm `{stated:?}` does not match the key type"))
-            }
-        }
-    }
-}
-
-fn decoding_key(algorithm: Algorithm, credential: &v1::JwtCredential) -> Result<DecodingKey, String> {
-    let pem = credential.public_key_pem.as_bytes();
-    let key = match algorithm.family() {
-        AlgorithmFamily::Hmac if credential.secret.is_empty() => return Err("an HMAC key needs a secret".into()),
-        AlgorithmFamily::Hmac => DecodingKey::from_secret(credential.secret.as_bytes()),
-        AlgorithmFamily::Rsa => DecodingKey::from_rsa_pem(pem),
-        AlgorithmFamily::Ec => DecodingKey::from_ec_pem(pem),
-        AlgorithmFamily::Ed => DecodingKey::from_ed_pem(pem),
-    };
-    key.map_err(|e| format!("the key cannot be loaded: {e}"))
+    let keys = jwt_keys::jwks_keys(&spec.jwks, accepted).map_err(|e| e.to_string())?;
+    Ok(keys
+        .into_iter()
+        .filter_map(|found| {
+            let mut validation = validation(spec, *found.algorithms.first()?);
+            // Every algorithm here is of the key's own family (fixed by `kty`), so
+            // allowing several cannot turn the public key into an HMAC secret.
+            validation.algorithms = found.algorithms;
+            Some(IssuerKey { kid: found.kid, key: found.key, validation })
+        })
+        .collect())
 }
 
 /// One algorithm per key, never a family: accepting the family would let a

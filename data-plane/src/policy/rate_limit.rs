@@ -44,7 +44,8 @@ use sha2::{Digest, Sha256};
 use sluice_proto::v1;
 use tracing::warn;
 
-pub use client_ip::{Cidr, CidrError, effective_client_ip};
+pub use client_ip::effective_client_ip;
+pub use sluice_proto::{Cidr, CidrError};
 
 use crate::base::ProxyBody;
 use crate::base::problem::Problem;
@@ -202,22 +203,9 @@ pub(crate) struct Limit {
 
 impl Limit {
     fn from_spec(spec: &v1::RateLimit) -> Result<Self, String> {
-        let requests = u32::try_from(spec.requests)
-            .ok()
-            .filter(|r| *r > 0)
-            .ok_or_else(|| format!("rate_limit requests must be between 1 and {}", u32::MAX))?;
-        if spec.period_seconds == 0 {
-            return Err("rate_limit period must be at least one second".into());
-        }
-        let period = Duration::from_secs(spec.period_seconds);
-        let emission = period / requests;
+        let sluice_proto::policy::RateQuota { capacity, emission } = sluice_proto::policy::rate_quota(spec)?;
         let quota = Quota::with_period(emission)
             .ok_or_else(|| "rate_limit allows more than one request per nanosecond".to_owned())?;
-        let burst = if spec.burst == 0 { u64::from(requests) } else { spec.burst };
-        let capacity = u32::try_from(burst)
-            .ok()
-            .and_then(NonZeroU32::new)
-            .ok_or_else(|| format!("rate_limit burst must be at most {}", u32::MAX))?;
         Ok(Limit {
             requests: spec.requests,
             period_seconds: spec.period_seconds,

@@ -6,8 +6,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use rustls::sign::CertifiedKey;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use sluice_proto::v1;
 
 /// A certificate of the snapshot that cannot be used; NACKs the snapshot.
@@ -32,19 +30,8 @@ pub struct CompiledCertificate {
 
 impl CompiledCertificate {
     fn compile(spec: &v1::Certificate) -> Result<Self, CertificateError> {
-        let error = |reason: String| CertificateError { name: spec.name.clone(), reason };
-        let chain = CertificateDer::pem_slice_iter(spec.chain_pem.as_bytes())
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| error(format!("cannot parse the PEM chain: {e}")))?;
-        if chain.is_empty() {
-            return Err(error("the chain holds no CERTIFICATE block".into()));
-        }
-        let key = PrivateKeyDer::from_pem_slice(spec.private_key_pem.as_bytes())
-            .map_err(|e| error(format!("cannot parse the private key: {e}")))?;
-        // Loads the key with the process's provider and compares it with the
-        // leaf's public key: a mismatched pair would only fail at handshake time.
-        let key = CertifiedKey::from_der(chain, key, &super::provider())
-            .map_err(|e| error(format!("the key does not fit the certificate: {e}")))?;
+        let key = sluice_proto::tls::certified_key(&spec.chain_pem, &spec.private_key_pem)
+            .map_err(|e| CertificateError { name: spec.name.clone(), reason: e.to_string() })?;
         Ok(CompiledCertificate { name: spec.name.clone(), key: Arc::new(key), spec: spec.clone() })
     }
 }

@@ -12,7 +12,6 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::crypto::CryptoProvider;
 use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
-use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 use sluice_proto::v1;
 
@@ -59,7 +58,9 @@ impl UpstreamTls {
             );
             builder.dangerous().with_custom_certificate_verifier(Arc::new(AcceptAnyCertificate(super::provider())))
         } else if !tls.ca_bundle_pem.is_empty() {
-            builder.with_root_certificates(ca_bundle(&tls.ca_bundle_pem)?)
+            let roots = sluice_proto::tls::ca_bundle(&tls.ca_bundle_pem)
+                .map_err(|e| UpstreamTlsError::CaBundle(e.to_string()))?;
+            builder.with_root_certificates(roots)
         } else if needs_roots {
             builder.with_root_certificates(system_roots())
         } else {
@@ -80,7 +81,7 @@ impl UpstreamTls {
         };
         let server_name = match tls.sni.as_str() {
             "" => None,
-            sni => Some(ServerName::try_from(sni.to_string()).map_err(|_| UpstreamTlsError::Sni(sni.to_string()))?),
+            sni => Some(sluice_proto::tls::server_name(sni).map_err(|_| UpstreamTlsError::Sni(sni.to_string()))?),
         };
         Ok(UpstreamTls { config, server_name, client_certificate })
     }
@@ -109,18 +110,6 @@ impl UpstreamTls {
         };
         if http2 { builder.enable_http2().wrap_connector(http) } else { builder.enable_http1().wrap_connector(http) }
     }
-}
-
-fn ca_bundle(pem: &str) -> Result<RootCertStore, UpstreamTlsError> {
-    let mut roots = RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
-        let cert = cert.map_err(|e| UpstreamTlsError::CaBundle(format!("cannot parse PEM: {e}")))?;
-        roots.add(cert).map_err(|e| UpstreamTlsError::CaBundle(format!("not a usable CA certificate: {e}")))?;
-    }
-    if roots.is_empty() {
-        return Err(UpstreamTlsError::CaBundle("holds no CERTIFICATE block".into()));
-    }
-    Ok(roots)
 }
 
 /// The operating system's trusted roots, read once per process: reading the

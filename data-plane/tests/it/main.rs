@@ -8,6 +8,7 @@ mod gateway;
 mod raw_http;
 mod support;
 
+mod compilable;
 mod hostile_clients;
 mod hostile_headers;
 mod hostile_paths;

@@ -7,7 +7,22 @@ use crate::model::{Certificate, Consumer};
 use crate::secrets::is_sealed_blob;
 
 const JWT_SECRET: &str = "jwt-secret-that-must-never-be-stored-in-clear";
-const PRIVATE_KEY: &str = "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7-private-body\n-----END PRIVATE KEY-----\n";
+
+/// A certificate and its private key, real ones: a snapshot is checked as a
+/// data plane would load it.
+fn site() -> &'static (String, String) {
+    static SITE: std::sync::OnceLock<(String, String)> = std::sync::OnceLock::new();
+    SITE.get_or_init(|| {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let certificate = rcgen::CertificateParams::new(vec!["site.example".to_string()]).unwrap().self_signed(&key).unwrap();
+        (certificate.pem(), key.serialize_pem())
+    })
+}
+
+/// The private key's first line of base64: what must never be found in clear.
+fn private_key_body() -> &'static str {
+    site().1.lines().nth(1).unwrap()
+}
 const OTHER_KEY: &str = "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100";
 
 on_both_stores!(
@@ -26,8 +41,8 @@ fn add_secrets(secrets: &SecretBox) -> impl FnOnce(&mut Config) -> Result<(), In
     }))
     .unwrap();
     let certificate: Certificate = serde_json::from_value(json!({
-        "name": "site", "chain": "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
-        "key_sealed": secrets.seal(PRIVATE_KEY.as_bytes()),
+        "name": "site", "chain": site().0,
+        "key_sealed": secrets.seal(site().1.as_bytes()),
     }))
     .unwrap();
     move |config| {
@@ -42,7 +57,7 @@ fn needles(store: &Store) -> Vec<Vec<u8>> {
     let hmac_hex = hex::encode(store.api_key_hmac_key());
     let mut needles: Vec<Vec<u8>> = vec![
         JWT_SECRET.into(),
-        "7-private-body".into(),
+        private_key_body().into(),
         hmac_hex.clone().into_bytes(),
         store.api_key_hmac_key().to_vec(),
     ];
@@ -96,7 +111,7 @@ async fn snapshots_and_the_hmac_key_are_sealed(db: &TestDb) {
     let other = db.open().await;
     let snapshot = other.snapshot(2).await.unwrap().unwrap();
     assert_eq!(snapshot.consumers[0].jwt_credentials[0].secret, JWT_SECRET);
-    assert_eq!(snapshot.certificates[0].private_key_pem, PRIVATE_KEY);
+    assert_eq!(snapshot.certificates[0].private_key_pem, site().1);
     assert_eq!(snapshot.api_key_hmac_key, store.api_key_hmac_key());
     assert_eq!(other.api_key_hmac_key(), store.api_key_hmac_key());
     other.close().await;
@@ -220,7 +235,7 @@ async fn rotation_reseals_everything_in_one_go(db: &TestDb) {
     assert_eq!(reopened.api_key_hmac_key(), hmac_key);
     let snapshot = reopened.snapshot(2).await.unwrap().unwrap();
     assert_eq!(snapshot.consumers[0].jwt_credentials[0].secret, JWT_SECRET);
-    assert_eq!(snapshot.certificates[0].private_key_pem, PRIVATE_KEY);
+    assert_eq!(snapshot.certificates[0].private_key_pem, site().1);
     // The configuration's sealed fields open with the new key too: a write rebuilds the snapshot from them.
     let committed = reopened
         .write("after restart", |config| {

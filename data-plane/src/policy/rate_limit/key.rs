@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use http::HeaderName;
 use sha2::{Digest, Sha256};
-use sluice_proto::v1;
+use sluice_proto::{Cidr, v1};
 
 use super::RateKeyInput;
-use super::client_ip::{Cidr, effective_client_ip};
+use super::client_ip::effective_client_ip;
 
 /// Header values longer than this are keyed by their digest, so a client
 /// sending huge values cannot make each bucket entry huge.
@@ -47,15 +47,7 @@ impl KeyKind {
             v1::RateLimitKey::Consumer => KeyKind::Consumer,
             v1::RateLimitKey::Ip => KeyKind::Ip,
             v1::RateLimitKey::Api => KeyKind::Api,
-            v1::RateLimitKey::Header => {
-                let name = spec.header.trim();
-                if name.is_empty() {
-                    return Err("rate_limit key `header` needs a header name".into());
-                }
-                let name = HeaderName::from_bytes(name.as_bytes())
-                    .map_err(|_| format!("rate_limit header `{name}` is not a valid header name"))?;
-                KeyKind::Header(name)
-            }
+            v1::RateLimitKey::Header => KeyKind::Header(sluice_proto::policy::rate_limit_header(spec)?),
         })
     }
 

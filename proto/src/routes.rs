@@ -1,14 +1,22 @@
-//! Route matching, the first step of the request path after parsing: (host,
-//! path, method) -> index of the API in the routing table. Built once per
-//! snapshot; a lookup costs a few hash probes plus one walk down the path,
-//! whatever the number of routes.
+//! Route matching: (host, path, method) -> index of the API in a data
+//! plane's routing table, the first step of its request path after parsing.
+//! Built once per snapshot; a lookup costs a few hash probes plus one walk
+//! down the path, whatever the number of routes. It lives in the contract
+//! because building it is also the route-conflict check: the control plane
+//! builds one from every configuration it is about to commit, so a conflict
+//! that a data plane would refuse (two APIs on `/t/{id}` and `/t/{sku}`) is
+//! refused at write time, by the same code.
 
 use std::collections::{BTreeSet, HashMap};
 
 use http::Method;
 use smallvec::SmallVec;
 
-use crate::fast_map::FastMap;
+use crate::v1::Api;
+
+/// Keys come from the configuration, and clients only look them up: foldhash
+/// is several times cheaper than SipHash on short keys, with a per-process seed.
+type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 /// Why no API matched.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,6 +30,9 @@ pub enum RouteMiss {
 /// A route conflict found while building the matcher.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Conflict {
+    /// Position of the API whose route could not be added.
+    pub api: usize,
+    /// Its path prefix or path template that conflicts.
     pub route: String,
     pub detail: String,
 }
@@ -59,6 +70,7 @@ fn push_entry(entries: &mut Vec<Entry>, entry: Entry, route: &str, names: &[&str
     if let Some(other) = entries.iter().find(|e| e.overlaps(&entry)) {
         let (a, b) = (names.get(other.api).copied().unwrap_or("?"), names.get(entry.api).copied().unwrap_or("?"));
         return Err(Conflict {
+            api: entry.api,
             route: route.to_string(),
             detail: format!("APIs `{a}` and `{b}` both serve `{route}` for the same host and method"),
         });
@@ -149,6 +161,19 @@ pub struct Matcher {
 }
 
 impl Matcher {
+    /// The matcher of a snapshot's APIs, answering with their positions.
+    pub fn from_apis(apis: &[Api]) -> Result<Self, Conflict> {
+        let names: Vec<&str> = apis.iter().map(|a| a.name.as_str()).collect();
+        let routes = apis.iter().enumerate().map(|(i, a)| RouteSpec {
+            api: i,
+            hosts: &a.hosts,
+            path_prefix: &a.path_prefix,
+            paths: &a.paths,
+            methods: &a.methods,
+        });
+        Matcher::build(routes, &names)
+    }
+
     /// Builds the matcher; `names` are the API names, for conflict messages.
     pub fn build<'a>(routes: impl IntoIterator<Item = RouteSpec<'a>>, names: &[&str]) -> Result<Self, Conflict> {
         let mut matcher = Matcher::default();
@@ -158,6 +183,7 @@ impl Matcher {
             } else {
                 let parsed = route.methods.iter().map(|m| Method::from_bytes(m.as_bytes()));
                 Some(parsed.collect::<Result<Vec<_>, _>>().map_err(|_| Conflict {
+                    api: route.api,
                     route: route.path_prefix.to_string(),
                     detail: format!("invalid method in {:?}", route.methods),
                 })?)
@@ -243,7 +269,11 @@ fn insert(level: &mut HostRoutes, entry: &Entry, route: &RouteSpec<'_>, names: &
         let entries = entries.clone();
         // matchit refuses to insert a route twice, so replace the entry list.
         let _ = level.paths.remove(normalized.as_str());
-        level.paths.insert(normalized, entries).map_err(|e| Conflict { route: path.clone(), detail: e.to_string() })?;
+        level.paths.insert(normalized, entries).map_err(|e| Conflict {
+            api: entry.api,
+            route: path.clone(),
+            detail: e.to_string(),
+        })?;
     }
     Ok(())
 }
@@ -283,19 +313,19 @@ fn strip_port(host: &str) -> &str {
 mod tests {
     use super::*;
 
-    struct Api {
+    struct TestApi {
         hosts: Vec<String>,
         prefix: &'static str,
         paths: Vec<String>,
         methods: Vec<String>,
     }
 
-    fn api(hosts: &[&str], prefix: &'static str, paths: &[&str], methods: &[&str]) -> Api {
+    fn api(hosts: &[&str], prefix: &'static str, paths: &[&str], methods: &[&str]) -> TestApi {
         let s = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
-        Api { hosts: s(hosts), prefix, paths: s(paths), methods: s(methods) }
+        TestApi { hosts: s(hosts), prefix, paths: s(paths), methods: s(methods) }
     }
 
-    fn build(apis: &[Api]) -> Result<Matcher, Conflict> {
+    fn build(apis: &[TestApi]) -> Result<Matcher, Conflict> {
         let names: Vec<String> = (0..apis.len()).map(|i| format!("api{i}")).collect();
         let names: Vec<&str> = names.iter().map(String::as_str).collect();
         let routes = apis.iter().enumerate().map(|(i, a)| RouteSpec {
@@ -382,7 +412,7 @@ mod tests {
 
     #[test]
     fn conflicts_table() {
-        let cases: Vec<(Vec<Api>, bool)> = vec![
+        let cases: Vec<(Vec<TestApi>, bool)> = vec![
             (vec![api(&[], "/a", &[], &[]), api(&[], "/a/", &[], &[])], true),
             (vec![api(&[], "/a", &[], &["GET"]), api(&[], "/a", &[], &["POST"])], false),
             (vec![api(&["x.com"], "/a", &[], &[]), api(&["y.com"], "/a", &[], &[])], false),
