@@ -58,6 +58,7 @@ pub async fn run(args: StandaloneArgs) -> anyhow::Result<()> {
     let cluster_token = generate_token();
     let control_plane = ControlPlane::build(sluice_control_plane::settings::Settings {
         database_url: args.database_url,
+        database_acquire_timeout: sluice_control_plane::store::DEFAULT_ACQUIRE_TIMEOUT,
         admin_addr: args.admin_addr,
         grpc_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         admin_token: args.admin_token,

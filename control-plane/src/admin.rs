@@ -13,6 +13,7 @@ mod crud;
 mod data_planes;
 mod document;
 mod error;
+mod metrics;
 mod snapshots;
 
 use std::sync::Arc;
@@ -51,7 +52,7 @@ pub const BODY_LIMIT: usize = 32 * 1024 * 1024;
 
 /// Paths served without the admin token: probes must work for orchestrators that hold no secrets, and the API's
 /// description is public by nature.
-const PUBLIC_PATHS: &[&str] = &["/healthz", "/readyz", "/openapi.json", "/docs"];
+const PUBLIC_PATHS: &[&str] = &["/healthz", "/readyz", "/metrics", "/openapi.json", "/docs"];
 
 const PROBLEM: &str = PROBLEM_JSON;
 const BEARER_SCHEME: &str = "bearer";
@@ -118,6 +119,7 @@ fn documented_routes() -> OpenApiRouter<Shared> {
         .routes(routes!(healthz))
         .routes(routes!(readyz))
         .routes(routes!(openapi_document))
+        .merge(metrics::routes())
         .merge(collections::routes())
         .merge(snapshots::routes())
         .merge(data_planes::routes())
@@ -168,6 +170,10 @@ fn finish_document(mut openapi: OpenApi) -> OpenApi {
                 }
                 responses.entry("429".into()).or_insert_with(|| {
                     problem("Too many failed authentications from this address; `Retry-After` says when to retry")
+                        .into()
+                });
+                responses.entry("503".into()).or_insert_with(|| {
+                    problem("The database is unreachable; `Retry-After` says when to retry")
                         .into()
                 });
             }

@@ -175,7 +175,11 @@ pub fn load_secrets(settings: &Settings) -> anyhow::Result<SecretBox> {
 
 /// The configuration store of `settings`, opened with its secret key.
 pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
-    let options = StoreOptions { keep_snapshots: settings.keep_snapshots, max_spec_bytes: settings.max_spec_bytes };
+    let options = StoreOptions {
+        keep_snapshots: settings.keep_snapshots,
+        max_spec_bytes: settings.max_spec_bytes,
+        acquire_timeout: settings.database_acquire_timeout,
+    };
     Store::open_with(&settings.database_url, load_secrets(settings)?, options)
         .await
         .context("opening the configuration store")

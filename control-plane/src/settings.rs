@@ -15,6 +15,12 @@ pub struct Settings {
     #[arg(long, env = "SLUICE_DATABASE_URL", default_value = "sqlite://sluice.db")]
     pub database_url: String,
 
+    /// Longest wait for a database connection. While the database is
+    /// unreachable, admin requests answer 503 (with `Retry-After`) after this
+    /// long instead of hanging, and `/readyz` says why.
+    #[arg(long, env = "SLUICE_DATABASE_ACQUIRE_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub database_acquire_timeout: Duration,
+
     /// Where the admin REST API listens.
     #[arg(long, env = "SLUICE_ADMIN_ADDR", default_value = "127.0.0.1:9080")]
     pub admin_addr: SocketAddr,

@@ -38,6 +38,7 @@ use history::latest_head;
 pub use history::{SnapshotLookup, SnapshotSummary};
 pub use sealing::Rotated;
 use watcher::spawn_version_watcher;
+pub use watcher::{WatchMode, WatchState};
 
 static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
 static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
@@ -70,11 +71,21 @@ pub struct StoreOptions {
     pub keep_snapshots: u64,
     /// Largest spec text an upload may have (`--max-spec-bytes`).
     pub max_spec_bytes: usize,
+    /// Longest wait for a database connection: while the database is
+    /// unreachable, requests fail after this long (503) instead of hanging.
+    pub acquire_timeout: Duration,
 }
+
+/// `--database-acquire-timeout`'s default.
+pub const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Default for StoreOptions {
     fn default() -> Self {
-        Self { keep_snapshots: DEFAULT_KEEP_SNAPSHOTS, max_spec_bytes: DEFAULT_MAX_SPEC_BYTES }
+        Self {
+            keep_snapshots: DEFAULT_KEEP_SNAPSHOTS,
+            max_spec_bytes: DEFAULT_MAX_SPEC_BYTES,
+            acquire_timeout: DEFAULT_ACQUIRE_TIMEOUT,
+        }
     }
 }
 
@@ -141,6 +152,32 @@ pub enum StoreError {
     SecretKeyRotated { stored: String },
     #[error("stored snapshot {version} cannot be opened: {source}")]
     Sealed { version: i64, source: crate::secrets::SecretError },
+}
+
+impl StoreError {
+    /// Whether the database could not be reached (no connection within the
+    /// acquire timeout, a connection lost, the server shutting down): a
+    /// request may succeed when retried later, unlike on any other error.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            StoreError::Database(error) => database_unreachable(error),
+            StoreError::Migration(sqlx::migrate::MigrateError::Execute(error)) => database_unreachable(error),
+            _ => false,
+        }
+    }
+}
+
+fn database_unreachable(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) | sqlx::Error::Tls(_) => true,
+        sqlx::Error::WorkerCrashed => true,
+        // SQLSTATE class 08 (connection exception), 57P01-57P03 (the server is
+        // shutting down or starting), 53300 (too many connections).
+        sqlx::Error::Database(e) => {
+            e.code().is_some_and(|code| code.starts_with("08") || code.starts_with("57P") || code == "53300")
+        }
+        _ => false,
+    }
 }
 
 fn join_violations(violations: &[Violation]) -> String {
@@ -232,6 +269,8 @@ struct Inner {
     newest: std::sync::Mutex<Option<Newest>>,
     /// Specs parsed by uploads and writes, one copy per distinct text in use.
     specs: SpecCache,
+    /// How the version watcher learns of other processes' commits.
+    watch: Arc<WatchState>,
     /// Dropped with the store; ends the background version watcher.
     _shutdown: watch::Sender<()>,
 }
@@ -262,7 +301,7 @@ impl Store {
         if backend == Backend::Sqlite && !in_memory {
             prepare_sqlite_file(database_url).await?;
         }
-        let mut pool_options = AnyPoolOptions::new();
+        let mut pool_options = AnyPoolOptions::new().acquire_timeout(options.acquire_timeout);
         pool_options = match backend {
             Backend::Postgres => pool_options.max_connections(10),
             // An in-memory database lives as long as its one connection.
@@ -287,6 +326,7 @@ impl Store {
                 versions,
                 newest: std::sync::Mutex::default(),
                 specs: SpecCache::default(),
+                watch: Arc::default(),
                 _shutdown: shutdown,
             }),
         };
@@ -305,6 +345,11 @@ impl Store {
         spawn_version_watcher(&store.inner, listen_url, shutdown_rx);
         tracing::info!(backend = store.backend(), version, "configuration store open");
         Ok(store)
+    }
+
+    /// Whether the version watcher is LISTENing or only polling (`/metrics`).
+    pub fn watch_state(&self) -> &WatchState {
+        &self.inner.watch
     }
 
     /// Key of the HMAC-SHA256 digests of API keys; created once per database.

@@ -103,7 +103,7 @@ pub enum AdminError {
     /// A 4xx produced below the handlers (axum extractors, body limits) whose text we pass on.
     #[error("{detail}")]
     Passthrough { status: StatusCode, detail: String },
-    #[error("the store is not answering")]
+    #[error("the store is not answering: {0}")]
     Unavailable(#[source] StoreError),
     #[error("store failure")]
     Store(#[from] StoreError),
@@ -170,6 +170,9 @@ impl AdminError {
             Self::BadRequest { .. } => (StatusCode::BAD_REQUEST, "bad-request", "Bad request"),
             Self::Passthrough { status, .. } => (*status, "http-error", status.canonical_reason().unwrap_or("Error")),
             Self::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable", "Service unavailable"),
+            Self::Store(e) if e.is_unavailable() => {
+                (StatusCode::SERVICE_UNAVAILABLE, "unavailable", "Service unavailable")
+            }
             Self::Store(_) | Self::Internal(_) => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "internal", "Internal server error")
             }
@@ -191,6 +194,12 @@ impl AdminError {
             }
             // Says what to do, and holds nothing internal.
             Self::Store(rotated @ StoreError::SecretKeyRotated { .. }) => problem.detail = Some(rotated.to_string()),
+            Self::Store(e) if e.is_unavailable() => {
+                tracing::warn!(error = %e, "admin request failed: the database is unreachable");
+                problem.detail = Some(format!(
+                    "the control plane cannot reach its database ({e}); retry after {RETRY_AFTER_SECONDS} s"
+                ));
+            }
             Self::Store(_) | Self::Internal(_) => {
                 let id = uuid::Uuid::new_v4().to_string();
                 // Store errors carry SQL and driver text, never request bodies, so logging them leaks no secret.
@@ -204,12 +213,19 @@ impl AdminError {
     }
 }
 
+/// `Retry-After` of a 503: while the database is unreachable a client should
+/// come back, and each attempt costs the acquire timeout.
+pub const RETRY_AFTER_SECONDS: u64 = 5;
+
 impl IntoResponse for AdminError {
     fn into_response(self) -> Response {
         let (status, problem) = self.problem();
         let mut response = problem_response(status, &problem);
         if matches!(self, Self::Unauthorized) {
             response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
         }
         response
     }

@@ -2,5 +2,6 @@
 //! server over sockets.
 
 mod admin;
+mod database;
 mod fleet;
 mod sync;

@@ -11,6 +11,7 @@ both!(openapi_documents_every_route, openapi_documents_every_route);
 /// Every route the admin router mounts, besides the Swagger UI under `/docs`.
 const MOUNTED: &[(&str, &str)] = &[
     ("GET", "/healthz"),
+    ("GET", "/metrics"),
     ("GET", "/readyz"),
     ("GET", "/openapi.json"),
     ("GET", "/v1/config"),
