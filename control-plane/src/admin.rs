@@ -172,10 +172,9 @@ fn finish_document(mut openapi: OpenApi) -> OpenApi {
                     problem("Too many failed authentications from this address; `Retry-After` says when to retry")
                         .into()
                 });
-                responses.entry("503".into()).or_insert_with(|| {
-                    problem("The database is unreachable; `Retry-After` says when to retry")
-                        .into()
-                });
+                responses
+                    .entry("503".into())
+                    .or_insert_with(|| problem("The database is unreachable; `Retry-After` says when to retry").into());
             }
             responses.entry("500".into()).or_insert_with(|| problem("Internal error; quote `correlation_id`").into());
         }

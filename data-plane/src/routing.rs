@@ -4,7 +4,6 @@
 //! `TableStore` swaps it in with one atomic store that every new request then
 //! reads once.
 
-
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -14,8 +13,8 @@ use http::Method;
 use sha2::{Digest, Sha256};
 use sluice_proto::v1;
 
-pub use sluice_proto::routes::RouteMiss;
 use sluice_proto::routes as matcher;
+pub use sluice_proto::routes::RouteMiss;
 
 use crate::base::RequestMetrics;
 use crate::fast_map::FastMap;

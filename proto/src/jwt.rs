@@ -135,7 +135,8 @@ mod tests {
 
     #[test]
     fn a_providers_jwks_with_an_encryption_key_is_usable() {
-        let set = format!(r#"{{"keys":[{},{}]}}"#, rsa(r#","kid":"sig","use":"sig""#), rsa(r#","kid":"enc","use":"enc""#));
+        let set =
+            format!(r#"{{"keys":[{},{}]}}"#, rsa(r#","kid":"sig","use":"sig""#), rsa(r#","kid":"enc","use":"enc""#));
         let keys = jwks_keys(&set, &[]).unwrap();
         assert_eq!(keys.iter().map(|k| k.kid.as_deref()).collect::<Vec<_>>(), [Some("sig")]);
         // A key of algorithms the API does not accept is left out.

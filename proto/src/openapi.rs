@@ -88,7 +88,9 @@ mod tests {
                 Ok(Some("https://api.example.com:8443")),
             ),
             (
-                server(json!({"url": "{scheme}://h/{v}", "variables": {"scheme": {"default": "http"}, "v": {"default": "v1"}}})),
+                server(
+                    json!({"url": "{scheme}://h/{v}", "variables": {"scheme": {"default": "http"}, "v": {"default": "v1"}}}),
+                ),
                 Ok(Some("/v1")),
                 Ok(Some("http://h")),
             ),
@@ -97,7 +99,11 @@ mod tests {
                 Err(ServerError::Variable("version".into())),
                 Err(ServerError::Variable("version".into())),
             ),
-            (server(json!({"url": "/api/{version}"})), Err(ServerError::Variable("version".into())), Err(ServerError::Variable("version".into()))),
+            (
+                server(json!({"url": "/api/{version}"})),
+                Err(ServerError::Variable("version".into())),
+                Err(ServerError::Variable("version".into())),
+            ),
             (server(json!({"url": 3})), Err(ServerError::Url), Err(ServerError::Url)),
         ];
         for (doc, path, origin) in cases {

@@ -45,7 +45,8 @@ pub fn rate_limit_header(spec: &RateLimit) -> Result<HeaderName, String> {
     if name.is_empty() {
         return Err("rate_limit key `header` needs a header name".into());
     }
-    HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("rate_limit header `{name}` is not a valid header name"))
+    HeaderName::from_bytes(name.as_bytes())
+        .map_err(|_| format!("rate_limit header `{name}` is not a valid header name"))
 }
 
 /// The header an `api_key` policy reads the key from, if any.

@@ -7,8 +7,8 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use crate::path;
 use crate::Cidr;
+use crate::path;
 use crate::v1::{
     Api, Balance, Certificate, Consumer, HashSource, HeaderRules, Policy, RateLimitKey, Snapshot, Upstream,
     policy::Kind,
@@ -597,7 +597,7 @@ fn check_certificates(v: &mut Violations, certificates: &[Certificate]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-use crate::v1::{OpenApiBinding, RateLimit, Target};
+    use crate::v1::{OpenApiBinding, RateLimit, Target};
 
     fn upstream(name: &str) -> Upstream {
         Upstream {

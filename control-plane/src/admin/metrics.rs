@@ -27,7 +27,11 @@ async fn metrics(State(admin): State<Shared>) -> Response {
          # TYPE sluice_cp_config_watch_mode gauge\n",
     );
     for each in [WatchMode::Listen, WatchMode::Poll] {
-        text.push_str(&format!("sluice_cp_config_watch_mode{{mode=\"{}\"}} {}\n", each.as_str(), u8::from(each == mode)));
+        text.push_str(&format!(
+            "sluice_cp_config_watch_mode{{mode=\"{}\"}} {}\n",
+            each.as_str(),
+            u8::from(each == mode)
+        ));
     }
     text.push_str(&format!(
         "# HELP sluice_cp_config_watch_listens_total LISTEN connections opened (more than 1: reconnected after a loss).\n\

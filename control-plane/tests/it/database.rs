@@ -142,7 +142,13 @@ impl Outage {
     }
 }
 
-async fn call(http: &reqwest::Client, admin: &str, method: Method, path: &str, body: Option<Value>) -> Result<(StatusCode, Option<String>, Value)> {
+async fn call(
+    http: &reqwest::Client,
+    admin: &str,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> Result<(StatusCode, Option<String>, Value)> {
     let mut request = http.request(method, format!("{admin}{path}")).bearer_auth(ADMIN_TOKEN);
     if let Some(body) = body {
         request = request.json(&body);

@@ -14,7 +14,8 @@ fn site() -> &'static (String, String) {
     static SITE: std::sync::OnceLock<(String, String)> = std::sync::OnceLock::new();
     SITE.get_or_init(|| {
         let key = rcgen::KeyPair::generate().unwrap();
-        let certificate = rcgen::CertificateParams::new(vec!["site.example".to_string()]).unwrap().self_signed(&key).unwrap();
+        let certificate =
+            rcgen::CertificateParams::new(vec!["site.example".to_string()]).unwrap().self_signed(&key).unwrap();
         (certificate.pem(), key.serialize_pem())
     })
 }
