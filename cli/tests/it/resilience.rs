@@ -179,7 +179,10 @@ async fn a_snapshot_the_data_plane_cannot_compile_is_nacked_and_the_old_routes_k
     ensure!(problem["errors"][0]["pointer"] == "/upstreams/bad-tls/tls/ca_bundle", "{problem}");
     ensure!(admin.latest_version().await? == good, "the refused write made a snapshot");
 
+    // The spec alone is a good version: no API binds it yet.
     admin.ok(Method::POST, "/v1/specs", Some(spec_with_a_bad_pattern())).await?;
+    let good = admin.latest_version().await?;
+    eventually("the spec's version applied", || all_applied(&admin, good, 1)).await?;
     admin
         .ok(
             Method::POST,

@@ -38,8 +38,10 @@ async fn control_plane(database_url: &str) -> Result<(Process, String)> {
         "database-test-cluster-token",
         "--secret-key",
         &secret,
+        // Short, so each request during the outage fails fast; long enough
+        // for a busy test machine's PostgreSQL to hand out connections.
         "--database-acquire-timeout",
-        "1s",
+        "3s",
     ];
     let process = Process::spawn(env!("CARGO_BIN_EXE_sluice-cp"), &args, &[("RUST_LOG", "info")]).await?;
     let admin = format!("http://{}", process.addr("admin_addr")?);
