@@ -393,7 +393,7 @@ mod tests {
             {"kty": "RSA", "use": "enc", "kid": "enc-1", "n": "!!", "e": "AQAB"},
         ]})
         .to_string();
-        build_snapshot(&config(vec![api("enc", &with_enc)]), &secrets, &[0; 32]).unwrap();
+        build_snapshot(&config(vec![api("enc", &with_enc)]), &secrets, &[0; 32], &SpecCache::default()).unwrap();
 
         let mismatch =
             serde_json::json!({"keys": [{"kty": "OKP", "crv": "Ed25519", "alg": "RS256", "x": x}]}).to_string();
