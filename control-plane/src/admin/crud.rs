@@ -23,8 +23,8 @@ pub const MAX_PAGE: u32 = 1000;
 #[derive(Debug, Default, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct PageQuery {
-    /// Items per page, 1 to 1000; default 100. Larger values are capped at 1000.
-    #[param(minimum = 1, maximum = 1000, example = 100)]
+    /// Items per page, default 100; values below 1 count as 1, above 1000 as 1000.
+    #[param(example = 100)]
     pub limit: Option<u32>,
     /// Return the items whose name sorts after this one: the `next` of the previous page.
     pub after: Option<String>,

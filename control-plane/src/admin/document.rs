@@ -14,6 +14,7 @@ const NAME_FIELDS: &[(&str, &str)] =
     &[("Api", "name"), ("Upstream", "name"), ("Consumer", "username"), ("Spec", "name"), ("Certificate", "name")];
 
 pub fn refine(document: &mut Value) {
+    optional_name_on_put(document);
     if let Some(schemas) = document.pointer_mut("/components/schemas").and_then(Value::as_object_mut) {
         for (component, field) in NAME_FIELDS {
             if let Some(property) =
@@ -34,9 +35,49 @@ pub fn refine(document: &mut Value) {
             for (method, operation) in item.iter_mut() {
                 if let Some(operation) = operation.as_object_mut() {
                     add_input_answers(method, operation);
+                    if let Some(parameters) = operation.get_mut("parameters") {
+                        walk(parameters);
+                    }
                 }
             }
         }
+    }
+}
+
+/// `PUT /v1/<collection>/{name}` takes its name from the URL, so its body may leave the name out: it is validated
+/// against `<Component>Replacement`, the component without the name among the required fields (and `null` read as
+/// absent).
+fn optional_name_on_put(document: &mut Value) {
+    let mut replacements = Map::new();
+    if let Some(paths) = document.get_mut("paths").and_then(Value::as_object_mut) {
+        for item in paths.values_mut() {
+            let Some(content) = item.pointer_mut("/put/requestBody/content").and_then(Value::as_object_mut) else {
+                continue;
+            };
+            for media in content.values_mut() {
+                let Some(reference) = media.pointer_mut("/schema/$ref") else { continue };
+                let Some(component) = reference.as_str().and_then(|r| r.strip_prefix("#/components/schemas/")) else {
+                    continue;
+                };
+                let Some((component, field)) = NAME_FIELDS.iter().find(|(c, _)| *c == component) else { continue };
+                let name = format!("{component}Replacement");
+                *reference = json!(format!("#/components/schemas/{name}"));
+                replacements.insert(name, json!([component, field]));
+            }
+        }
+    }
+    let Some(schemas) = document.pointer_mut("/components/schemas").and_then(Value::as_object_mut) else { return };
+    for (name, source) in replacements {
+        let (Some(component), Some(field)) = (source[0].as_str(), source[1].as_str()) else { continue };
+        let Some(mut schema) = schemas.get(component).cloned() else { continue };
+        if let Some(required) = schema.get_mut("required").and_then(Value::as_array_mut) {
+            required.retain(|r| r != field);
+        }
+        // `null` reads as absent.
+        if let Some(property) = schema.pointer_mut(&format!("/properties/{field}")) {
+            *property = json!({ "anyOf": [property.take(), { "type": "null" }] });
+        }
+        schemas.insert(name, schema);
     }
 }
 

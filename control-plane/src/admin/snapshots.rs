@@ -30,8 +30,7 @@ pub fn routes() -> OpenApiRouter<Shared> {
 pub struct SnapshotQuery {
     /// Only versions below this one.
     pub before: Option<u64>,
-    /// Items per page, 1 to 1000; default 100.
-    #[param(minimum = 1, maximum = 1000)]
+    /// Items per page, default 100; values below 1 count as 1, above 1000 as 1000.
     pub limit: Option<u32>,
 }
 
