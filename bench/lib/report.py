@@ -81,65 +81,85 @@ def cpu_split(gateways: dict) -> list[str]:
     return [f"* CPU µs/request as user + kernel time (medians): {'; '.join(parts)}"] if parts else []
 
 
+# --- targets -----------------------------------------------------------------
+
+def vs(g: dict, key: str, ref: str) -> float | None:
+    """Sluice's median `key` as a multiple of gateway `ref`'s."""
+    return ratio(med(g["sluice"], key), med(g[ref], key))
+
+
+def mb_of(kb) -> float | None:
+    return None if kb is None else kb / 1024
+
+
+# Issue 5's targets per scenario: (what, measured, goal, higher is better, unit). The one list behind both a
+# scenario's section and the summary table, so the two cannot state different goals.
+TARGETS = {
+    "proxy": lambda s: [
+        ("req/s ≥ 1.2x nginx", vs(s["gateways"], "rps", "nginx"), 1.2, True, "x"),
+        ("p99 ≤ 1.0x nginx", vs(s["gateways"], "p99_ms", "nginx"), 1.0, False, "x"),
+        ("CPU/req ≤ 0.8x nginx", vs(s["gateways"], "cpu_us_per_req", "nginx"), 0.8, False, "x")],
+    "secured": lambda s: [("≥ 0.9x Sluice's own proxy", vs(s["gateways"], "rps", "sluice-proxy"), 0.9, True, "x")],
+    "openapi": lambda s: [
+        ("≥ 0.95x Sluice's own plain proxy", vs(s["gateways"], "rps", "sluice-proxy"), 0.95, True, "x")],
+    "round-robin": lambda s: [("req/s ≥ 1.2x nginx", vs(s["gateways"], "rps", "nginx"), 1.2, True, "x")],
+    "memory": lambda s: [
+        ("idle data plane ≤ 8 MB (taken with 1,000 APIs loaded)",
+         mb_of(s["gateways"]["sluice"].get("rss_idle_1000_apis_kb")), 8, False, "MB"),
+        (f"≤ 40 MB under {s['connections']} connections",
+         mb_of(s["gateways"]["sluice"].get("rss_500_conns_kb")), 40, False, "MB")],
+    "push": lambda s: [
+        ("write→served p99 ≤ 50 ms", s["visible"]["p99_ms"], 50, False, "ms"),
+        ("10,000 APIs compile+swap ≤ 200 ms", s["sizes"].get("10000", {}).get("compile_ms_median"), 200, False,
+         "ms"),
+        ("live p99 during swaps ≤ 1.5x without", s["live"]["p99_ratio"], 1.5, False, "x")],
+}
+
+
+def target_lines(name: str, s: dict) -> list[str]:
+    return [f"* Target {what}: {verdict(value, goal, higher, unit)}"
+            for what, value, goal, higher, unit in TARGETS[name](s)]
+
+
 # --- sections -----------------------------------------------------------------
 
-def section_proxy(s: dict) -> list[str]:
-    g = s["gateways"]
-    sl, ng = g["sluice"], g["nginx"]
-    return [
-        "## proxy — Membrane test 1",
-        "",
-        f"POST /shop/v2/products, {s['body_bytes']:,}-byte JSON body, keep-alive, {s['connections']} connections "
-        f"(wrk opens {sl['connections']}: it splits them evenly over its threads).",
-        "",
-        *gateway_table(g, "nginx"),
-        "",
-        f"* Target req/s ≥ 1.2x nginx: {verdict(ratio(med(sl, 'rps'), med(ng, 'rps')), 1.2)}",
-        f"* Target p99 ≤ nginx's: {verdict(ratio(med(sl, 'p99_ms'), med(ng, 'p99_ms')), 1.0, False)}",
-        f"* Target CPU/request ≤ 0.8x nginx: "
-        f"{verdict(ratio(med(sl, 'cpu_us_per_req'), med(ng, 'cpu_us_per_req')), 0.8, False)}",
-        *cpu_split(g),
-        "",
-    ]
+def comparison(name: str, title: str, ref: str, intro, split: bool = True):
+    """The section of a scenario that measures gateways side by side: `intro(s)`, the table against `ref`,
+    the targets and (with `split`) the user/kernel split of CPU time."""
+    def section(s: dict) -> list[str]:
+        g = s["gateways"]
+        return [f"## {title}", "", intro(s), "", *gateway_table(g, ref), "", *target_lines(name, s),
+                *(cpu_split(g) if split else []), ""]
+    return section
 
 
-def section_secured(s: dict) -> list[str]:
-    g = s["gateways"]
-    sl, own = g["sluice"], g["sluice-proxy"]
-    return [
-        "## secured — Membrane test 2",
-        "",
-        "HTTPS in (self-signed ECDSA P-256 leaf made with openssl at run time), basic auth, a per-consumer rate "
-        "limit that never rejects, HTTPS (verified against the run's CA, HTTP/1.1) to the upstream; same "
-        f"{s['body_bytes']:,}-byte POST, {s['connections']} connections. `sluice-proxy` is Sluice's own plain-HTTP "
-        "proxy of the same request on the same data plane, run in the same rotation. nginx: `auth_basic` "
-        "(salted SHA-1 `{SSHA}` htpasswd: see the notes), `limit_req` (1,000,000 r/s per `$remote_user`, "
-        "burst 1,000,000), `proxy_ssl_verify on` with session reuse and upstream keep-alive.",
-        "",
-        *gateway_table(g, "nginx"),
-        "",
-        f"* Target ≥ 0.9x Sluice's own proxy: {verdict(ratio(med(sl, 'rps'), med(own, 'rps')), 0.9)}",
-        *cpu_split(g),
-        "",
-    ]
+section_proxy = comparison(
+    "proxy", "proxy — Membrane test 1", "nginx",
+    lambda s: f"POST /shop/v2/products, {s['body_bytes']:,}-byte JSON body, keep-alive, {s['connections']} "
+              f"connections (wrk opens {s['gateways']['sluice']['connections']}: it splits them evenly over its "
+              "threads).")
 
+section_secured = comparison(
+    "secured", "secured — Membrane test 2", "nginx",
+    lambda s: "HTTPS in (self-signed ECDSA P-256 leaf made with openssl at run time), basic auth, a per-consumer "
+              "rate limit that never rejects, HTTPS (verified against the run's CA, HTTP/1.1) to the upstream; same "
+              f"{s['body_bytes']:,}-byte POST, {s['connections']} connections. `sluice-proxy` is Sluice's own "
+              "plain-HTTP proxy of the same request on the same data plane, run in the same rotation. nginx: "
+              "`auth_basic` (salted SHA-1 `{SSHA}` htpasswd: see the notes), `limit_req` (1,000,000 r/s per "
+              "`$remote_user`, burst 1,000,000), `proxy_ssl_verify on` with session reuse and upstream keep-alive.")
 
-def section_openapi(s: dict) -> list[str]:
-    g = s["gateways"]
-    sl, own = g["sluice"], g["sluice-proxy"]
-    return [
-        "## openapi — Membrane test 3",
-        "",
-        "POST /shop/v2/products `{\"name\":\"Mangos\",\"price\":2.79}` (30 bytes) validated against "
-        "`fruitshop-v2-2-0.oas.yml` (request validation on); `sluice-proxy` is the same request through a "
-        "plain API on the same data plane, `nginx-proxy` nginx proxying it without validation (for scale; "
-        "nginx cannot validate). A negative price was checked to get 400 before measuring.",
-        "",
-        *gateway_table(g, "sluice-proxy"),
-        "",
-        f"* Target ≥ 0.95x Sluice's own plain proxy: {verdict(ratio(med(sl, 'rps'), med(own, 'rps')), 0.95)}",
-        "",
-    ]
+section_openapi = comparison(
+    "openapi", "openapi — Membrane test 3", "sluice-proxy",
+    lambda s: "POST /shop/v2/products `{\"name\":\"Mangos\",\"price\":2.79}` (30 bytes) validated against "
+              "`fruitshop-v2-2-0.oas.yml` (request validation on); `sluice-proxy` is the same request through a "
+              "plain API on the same data plane, `nginx-proxy` nginx proxying it without validation (for scale; "
+              "nginx cannot validate). A negative price was checked to get 400 before measuring.",
+    split=False)
+
+section_rr = comparison(
+    "round-robin", "round-robin — BunGate's test", "nginx",
+    lambda s: f"GET /api/products spread round robin over {s['upstreams']} upstreams, {s['connections']} "
+              "connections (checked before measuring: 6 requests reach all 3).")
 
 
 def section_policies(s: dict) -> list[str]:
@@ -168,22 +188,6 @@ def section_policies(s: dict) -> list[str]:
     return lines + [""]
 
 
-def section_rr(s: dict) -> list[str]:
-    g = s["gateways"]
-    return [
-        "## round-robin — BunGate's test",
-        "",
-        f"GET /api/products spread round robin over {s['upstreams']} upstreams, {s['connections']} connections "
-        "(checked before measuring: 6 requests reach all 3).",
-        "",
-        *gateway_table(g, "nginx"),
-        "",
-        f"* Target ≥ 1.2x nginx: {verdict(ratio(med(g['sluice'], 'rps'), med(g['nginx'], 'rps')), 1.2)}",
-        *cpu_split(g),
-        "",
-    ]
-
-
 def section_memory(s: dict) -> list[str]:
     g = s["gateways"]
     sl, ng = g["sluice"], g["nginx"]
@@ -201,18 +205,13 @@ def section_memory(s: dict) -> list[str]:
     lines += ["", "Under that load: " + ", ".join(
         f"{label} {spread(g[label]['load']['rps'])} req/s, p99 {spread(g[label]['load']['p99_ms'], 2)} ms"
         for label in ("sluice", "nginx")), ""]
-    idle = sl.get("rss_idle_1000_apis_kb")
-    lines += [f"* Target idle data plane ≤ 8 MB (taken with 1,000 APIs loaded): "
-              f"{verdict(None if idle is None else idle / 1024, 8, False, 'MB')}"
-              f" (with 1 API: {mb(sl.get('rss_idle_1_api_kb'))})",
-              f"* Target ≤ 40 MB under {s['connections']} connections: "
-              f"{verdict(None if sl.get('rss_500_conns_kb') is None else sl['rss_500_conns_kb'] / 1024, 40, False, 'MB')}",
-              ""]
-    return lines
+    idle, under_load = target_lines("memory", s)
+    return lines + [f"{idle} (with 1 API: {mb(sl.get('rss_idle_1_api_kb'))})", under_load, ""]
 
 
 def section_push(s: dict) -> list[str]:
     v, sizes, live = s["visible"], s["sizes"], s["live"]
+    served, compiled, swapping = target_lines("push", s)
     lines = ["## push — configuration changes reaching the data planes", "",
              f"**Write to served.** {v['writes']} admin writes (`PUT /v1/apis/probe` changing a response header); "
              "for each, the time from the admin call returning until each of the 2 data planes serves the new "
@@ -222,7 +221,7 @@ def section_push(s: dict) -> list[str]:
              f"| both data planes | {v['p50_ms']:.1f} | {v['p99_ms']:.1f} |"]
     for node, x in v["per_data_plane"].items():
         lines.append(f"| {node} | {x['p50_ms']:.1f} | {x['p99_ms']:.1f} |")
-    lines += ["", f"* Target p99 ≤ 50 ms: {verdict(v['p99_ms'], 50, False, 'ms')}", "",
+    lines += ["", served, "",
               "**Compile + swap and snapshot size.** The whole configuration replaced with N APIs (`PUT "
               "/v1/config`), then single-API writes on top; compile time from the data plane's "
               "`sluice_snapshot_compile_seconds` (sum/count deltas per swap); size is the protobuf snapshot, sealed (32 bytes more), as "
@@ -240,14 +239,13 @@ def section_push(s: dict) -> list[str]:
                      f"{num((x['snapshot_bytes'] or 0) / 1024, 0)} KiB | {x['put_config_s']:.2f} | "
                      f"{x['put_to_applied_s']:.2f} | {x['single_api_write_s_median']:.2f} | {cpu_text} | "
                      f"{mb(x['dp_rss_kb'])} | {mb(x['cp_rss_kb'])} |")
-    big = sizes.get("10000", {}).get("compile_ms_median")
-    lines += ["", f"* Target 10,000 APIs compile+swap ≤ 200 ms: {verdict(big, 200, False, 'ms')}", "",
+    lines += ["", compiled, "",
               "**Live traffic during swaps.** GET through data plane 1 (175 connections) with the 10,000-API "
               "configuration loaded, alternating runs without writes and runs with one single-API write a "
               "second (each write makes a full 10,000-API snapshot that both data planes compile and swap). "
               f"Swaps seen per run: {', '.join(f'{c:.0f}' for c in live['swaps_per_run'])}.", "",
               *gateway_table({"no swaps": live["quiet"], "swapping every 1 s": live["swapping"]}, "no swaps"), "",
-              f"* Target live p99 during swaps ≤ 1.5x without: {verdict(live['p99_ratio'], 1.5, False)}", ""]
+              swapping, ""]
     return lines
 
 
@@ -384,40 +382,13 @@ def targets_summary(results: dict) -> list[str]:
     sc = results["scenarios"]
     rows = ["| scenario | target | measured | verdict |", "|---|---|---|---|"]
 
-    def add(scenario, target, value, goal, higher=True, unit="x"):
-        shown = "-" if value is None else (f"{value:.2f}x" if unit == "x" else f"{value:,.1f} {unit}")
-        rows.append(f"| {scenario} | {target} | {shown} | {verdict(value, goal, higher, unit).split(' (')[0]} |")
-
-    def ok(name):
-        return name in sc and "error" not in sc[name]
-
-    if ok("proxy"):
-        g = sc["proxy"]["gateways"]
-        add("proxy", "req/s ≥ 1.2x nginx", ratio(med(g["sluice"], "rps"), med(g["nginx"], "rps")), 1.2)
-        add("proxy", "p99 ≤ 1.0x nginx", ratio(med(g["sluice"], "p99_ms"), med(g["nginx"], "p99_ms")), 1.0, False)
-        add("proxy", "CPU/req ≤ 0.8x nginx",
-            ratio(med(g["sluice"], "cpu_us_per_req"), med(g["nginx"], "cpu_us_per_req")), 0.8, False)
-    if ok("secured"):
-        g = sc["secured"]["gateways"]
-        add("secured", "≥ 0.9x Sluice proxy", ratio(med(g["sluice"], "rps"), med(g["sluice-proxy"], "rps")), 0.9)
-    if ok("openapi"):
-        g = sc["openapi"]["gateways"]
-        add("openapi", "≥ 0.95x Sluice proxy", ratio(med(g["sluice"], "rps"), med(g["sluice-proxy"], "rps")), 0.95)
-    if ok("round-robin"):
-        g = sc["round-robin"]["gateways"]
-        add("round-robin", "req/s ≥ 1.2x nginx", ratio(med(g["sluice"], "rps"), med(g["nginx"], "rps")), 1.2)
-    if ok("memory"):
-        g = sc["memory"]["gateways"]["sluice"]
-        idle, load = g.get("rss_idle_1000_apis_kb"), g.get("rss_500_conns_kb")
-        add("memory", "idle ≤ 8 MB (1,000 APIs)", None if idle is None else idle / 1024, 8, False, "MB")
-        add("memory", "≤ 40 MB under 500 conns", None if load is None else load / 1024, 40, False, "MB")
-    if ok("push"):
-        p = sc["push"]
-        add("push", "write→served p99 ≤ 50 ms", p["visible"]["p99_ms"], 50, False, "ms")
-        add("push", "10,000 APIs compile+swap ≤ 200 ms", p["sizes"].get("10000", {}).get("compile_ms_median"),
-            200, False, "ms")
-        add("push", "live p99 during swaps ≤ 1.5x", p["live"]["p99_ratio"], 1.5, False)
-    if ok("soak"):
+    for name, targets in TARGETS.items():
+        if name not in sc or "error" in sc[name]:
+            continue
+        for what, value, goal, higher, unit in targets(sc[name]):
+            shown = "-" if value is None else (f"{value:.2f}x" if unit == "x" else f"{value:,.1f} {unit}")
+            rows.append(f"| {name} | {what} | {shown} | {verdict(value, goal, higher, unit).split(' (')[0]} |")
+    if "soak" in sc and "error" not in sc["soak"]:
         r, total = sc["soak"]["result"], sc["soak"]["target_requests"]
         rows.append(f"| soak | 0 errors in {total:,} | {r['errors']:,} errors in {r['requests']:,} | "
                     f"{soak_verdict(r, total).split(' (')[0]} |")

@@ -8,6 +8,7 @@ import json
 import statistics
 import threading
 import time
+from contextlib import contextmanager
 
 from . import peers, procs
 from . import policies as per_policy
@@ -21,11 +22,18 @@ def upstream_cfg(name: str, addrs: list[str], scheme: str = "http", **extra) -> 
     return {"name": name, "targets": [{"url": f"{scheme}://{a}"} for a in addrs], "balance": "round_robin", **extra}
 
 
-class Stack:
-    """Everything one scenario started, stopped together at its end."""
+SHOP_API = {"name": "shop", "path_prefix": "/shop/v2", "upstream": "backend"}
 
-    def __init__(self) -> None:
+
+class Stack:
+    """A scenario's folder and everything it started there, stopped together (by pid) at its end."""
+
+    def __init__(self, ctx: Context, name: str) -> None:
+        self.ctx = ctx
+        self.dir = ctx.scenario_dir(name)
         self.items: list = []
+        # The machine's load when the scenario began, for RESULTS.md.
+        self.info = {"uptime_before": open("/proc/loadavg").read().split()[:3]}
 
     def add(self, item):
         self.items.append(item)
@@ -35,62 +43,97 @@ class Stack:
         for item in reversed(self.items):
             item.stop()
 
+    def upstream(self, name: str, tls=None) -> str:
+        up, addr = self.ctx.upstream(self.dir, name, tls=tls)
+        self.add(up)
+        return addr
 
-def new_sluice(ctx: Context, d, n_data_planes: int = 1, snapshot_cache: bool = False) -> Sluice:
-    s = Sluice(ctx.bins, d, ctx.gateway_cpus, ctx.gateway_cores, cp_cpus=ctx.other_cpus)
-    s.start(n_data_planes, snapshot_cache)
-    return s
+    def sluice(self, n_data_planes: int = 1, snapshot_cache: bool = False) -> Sluice:
+        ctx = self.ctx
+        s = self.add(Sluice(ctx.bins, self.dir, ctx.gateway_cpus, ctx.gateway_cores, cp_cpus=ctx.other_cpus))
+        s.start(n_data_planes, snapshot_cache)
+        return s
+
+    def shop(self) -> tuple[Sluice, str]:
+        """One upstream `u1` and a Sluice with one data plane proxying /shop/v2 to it."""
+        addr = self.upstream("u1")
+        sluice = self.sluice()
+        sluice.configure({"upstreams": [upstream_cfg("backend", [addr])], "apis": [SHOP_API]})
+        return sluice, addr
+
+    def file(self, name: str, data: bytes):
+        path = self.dir / name
+        path.write_bytes(data)
+        return path
+
+    def nginx(self, label: str, addrs: list[str], path: str, req: Request | None = None) -> Target:
+        ng, port = peers.nginx_plain(self.dir, self.ctx.gateway_cores, self.ctx.gateway_cpus, addrs)
+        return Target(label, f"http://127.0.0.1:{port}{path}", self.add(ng), req)
+
+    def plain_peers(self, addrs: list[str], path: str, req: Request | None = None) -> list[Target]:
+        """nginx and (where installed) HAProxy proxying `path` to `addrs`, round robin."""
+        targets = [self.nginx("nginx", addrs, path, req)]
+        if peers.have_haproxy():
+            hp, port = peers.start_haproxy(self.dir, self.ctx.gateway_cores, self.ctx.gateway_cpus, addrs)
+            targets.append(Target("haproxy", f"http://127.0.0.1:{port}{path}", self.add(hp), req))
+        return targets
+
+    def rounds(self, targets: list[Target], connections: int, **out) -> dict:
+        """The targets measured in turn; the scenario's dict for results/, with `out` added."""
+        ctx = self.ctx
+        gateways = rounds(targets, connections, ctx.duration, ctx.warmup, ctx.rounds, ctx.layout)
+        return {**self.info, "connections": connections, **out, "gateways": gateways}
 
 
-def load_env() -> dict:
-    return {"uptime_before": open("/proc/loadavg").read().split()[:3]}
+@contextmanager
+def scenario(ctx: Context, name: str):
+    stack = Stack(ctx, name)
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+def check_forwarded(target: Target, n_bytes: int) -> dict:
+    """The target answers 2xx and its upstream got the whole body; the echo, for further checks."""
+    echo = check(target)
+    assert echo.get("body_len") == n_bytes, f"{target.label} forwarded {echo.get('body_len')} bytes"
+    return echo
+
+
+def refused(target: Target, status: int, why: str) -> None:
+    """The target's request is answered `status`: else the thing measured is not on."""
+    try:
+        check(target)
+    except RuntimeError as e:
+        assert str(status) in str(e), e
+        return
+    raise AssertionError(f"{target.label}: {why}")
 
 
 # --- proxy: Membrane test 1 ---------------------------------------------------
 
 def proxy(ctx: Context) -> dict:
-    d = ctx.scenario_dir("proxy")
-    stack = Stack()
-    info = load_env()
-    try:
-        up, addr = ctx.upstream(d, "u1")
-        stack.add(up)
-        sluice = stack.add(new_sluice(ctx, d))
-        sluice.configure({"upstreams": [upstream_cfg("backend", [addr])],
-                          "apis": [{"name": "shop", "path_prefix": "/shop/v2", "upstream": "backend"}]})
-        body = d / "body.json"
-        body.write_bytes(body_1066())
-        req = Request("POST", body)
-        targets = [Target("sluice", f"http://{sluice.dps[0].http}/shop/v2/products", sluice.dps[0].proc, req)]
-        ng, port = peers.nginx_plain(d, ctx.gateway_cores, ctx.gateway_cpus, [addr])
-        stack.add(ng)
-        targets.append(Target("nginx", f"http://127.0.0.1:{port}/shop/v2/products", ng, req))
-        if peers.have_haproxy():
-            hp, hport = peers.start_haproxy(d, ctx.gateway_cores, ctx.gateway_cpus, [addr])
-            stack.add(hp)
-            targets.append(Target("haproxy", f"http://127.0.0.1:{hport}/shop/v2/products", hp, req))
+    with scenario(ctx, "proxy") as stack:
+        sluice, addr = stack.shop()
+        req = Request("POST", stack.file("body.json", body_1066()))
+        dp = sluice.dps[0]
+        targets = [Target("sluice", f"http://{dp.http}/shop/v2/products", dp.proc, req),
+                   *stack.plain_peers([addr], "/shop/v2/products", req)]
         for t in targets:
-            echo = check(t)
-            assert echo.get("body_len") == 1066, f"{t.label} forwarded {echo.get('body_len')} bytes"
-        gateways = rounds(targets, 175, ctx.duration, ctx.warmup, ctx.rounds, ctx.layout)
-        return {**info, "body_bytes": 1066, "connections": 175, "gateways": gateways}
-    finally:
-        stack.stop()
+            check_forwarded(t, 1066)
+        return stack.rounds(targets, 175, body_bytes=1066)
 
 
 # --- secured: Membrane test 2 -------------------------------------------------
 
 def secured(ctx: Context) -> dict:
-    d = ctx.scenario_dir("secured")
-    stack = Stack()
-    info = load_env()
-    try:
+    with scenario(ctx, "secured") as stack:
+        d = stack.dir
         certs = make_certs(d / "certs")
-        up_tls, addr_tls = ctx.upstream(d, "u-tls", tls=certs)
-        stack.add(up_tls)
-        up, addr = ctx.upstream(d, "u-plain")
-        stack.add(up)
-        sluice = stack.add(new_sluice(ctx, d))
+        addr_tls = stack.upstream("u-tls", tls=certs)
+        addr = stack.upstream("u-plain")
+        sluice = stack.sluice()
         sluice.configure({
             "certificates": [{"name": "bench", "chain": certs.leaf.read_text(), "key": certs.leaf_key.read_text(),
                               "default": True}],
@@ -104,8 +147,7 @@ def secured(ctx: Context) -> dict:
                 # Sluice's own plain proxy of the same request, for the secured/proxy ratio.
                 {"name": "plain", "path_prefix": "/plain", "strip_prefix": True, "upstream": "backend"},
             ]})
-        body = d / "body.json"
-        body.write_bytes(body_1066())
+        body = stack.file("body.json", body_1066())
         dp = sluice.dps[0]
         secured_req = Request("POST", body, BASIC_HEADER)
         targets = [
@@ -114,39 +156,26 @@ def secured(ctx: Context) -> dict:
         ]
         ng, port = peers.nginx_secured(d, ctx.gateway_cores, ctx.gateway_cpus, addr_tls, peers.Tls(
             certs.leaf, certs.leaf_key, certs.ca), htpasswd_ssha(d / "htpasswd"))
-        stack.add(ng)
-        targets.append(Target("nginx", f"https://127.0.0.1:{port}/shop/v2/products", ng, secured_req))
+        targets.append(Target("nginx", f"https://127.0.0.1:{port}/shop/v2/products", stack.add(ng), secured_req))
         for t in targets:
-            echo = check(t)
-            assert echo.get("body_len") == 1066, f"{t.label} forwarded {echo.get('body_len')} bytes"
+            echo = check_forwarded(t, 1066)
             if t.label != "sluice-proxy":
                 hdrs = {k.lower(): v for k, v in echo.get("headers", {}).items()}
                 assert "authorization" not in hdrs, f"{t.label} forwarded the credentials"
                 assert hdrs.get("x-consumer-username") == BASIC_USER, f"{t.label}: no consumer header"
         for t in targets[:1] + targets[2:]:
-            bad = Target(t.label, t.url, t.gateway, Request("POST", body, "Basic Zm9vOmJhcg=="))
-            try:
-                check(bad)
-                raise AssertionError(f"{t.label} let a wrong password through")
-            except RuntimeError as e:
-                assert "401" in str(e), e
-        gateways = rounds(targets, 175, ctx.duration, ctx.warmup, ctx.rounds, ctx.layout)
-        return {**info, "body_bytes": 1066, "connections": 175, "gateways": gateways}
-    finally:
-        stack.stop()
+            refused(Target(t.label, t.url, t.gateway, Request("POST", body, "Basic Zm9vOmJhcg==")), 401,
+                    "let a wrong password through")
+        return stack.rounds(targets, 175, body_bytes=1066)
 
 
 # --- openapi: Membrane test 3 -------------------------------------------------
 
 def openapi(ctx: Context) -> dict:
-    d = ctx.scenario_dir("openapi")
-    stack = Stack()
-    info = load_env()
-    try:
-        up, addr = ctx.upstream(d, "u1")
-        stack.add(up)
+    with scenario(ctx, "openapi") as stack:
+        addr = stack.upstream("u1")
         spec = (ctx.fixtures / "fruitshop-v2-2-0.oas.yml").read_text()
-        sluice = stack.add(new_sluice(ctx, d))
+        sluice = stack.sluice()
         sluice.configure({
             "upstreams": [upstream_cfg("backend", [addr])],
             "specs": [{"name": "fruitshop", "content": spec}],
@@ -155,30 +184,19 @@ def openapi(ctx: Context) -> dict:
                  "openapi": {"spec": "fruitshop", "validate_requests": True}},
                 {"name": "plain", "path_prefix": "/plain", "strip_prefix": True, "upstream": "backend"},
             ]})
-        body = d / "body.json"
-        body.write_bytes(SMALL_BODY)
-        bad = d / "bad.json"
-        bad.write_bytes(b'{"name":"Mangos","price":-1}')
+        bad = stack.file("bad.json", b'{"name":"Mangos","price":-1}')
         dp = sluice.dps[0]
-        req = Request("POST", body)
+        req = Request("POST", stack.file("body.json", SMALL_BODY))
         targets = [
             Target("sluice", f"http://{dp.http}/shop/v2/products", dp.proc, req),
             Target("sluice-proxy", f"http://{dp.http}/plain/shop/v2/products", dp.proc, req),
+            stack.nginx("nginx-proxy", [addr], "/shop/v2/products", req),
         ]
-        ng, port = peers.nginx_plain(d, ctx.gateway_cores, ctx.gateway_cpus, [addr])
-        stack.add(ng)
-        targets.append(Target("nginx-proxy", f"http://127.0.0.1:{port}/shop/v2/products", ng, req))
         for t in targets:
             check(t)
-        try:
-            check(Target("x", targets[0].url, dp.proc, Request("POST", bad)))
-            raise AssertionError("the openapi API accepted a negative price: validation is not on")
-        except RuntimeError as e:
-            assert "400" in str(e), e
-        gateways = rounds(targets, 175, ctx.duration, ctx.warmup, ctx.rounds, ctx.layout)
-        return {**info, "body_bytes": len(SMALL_BODY), "connections": 175, "gateways": gateways}
-    finally:
-        stack.stop()
+        refused(Target("x", targets[0].url, dp.proc, Request("POST", bad)), 400,
+                "the openapi API accepted a negative price: validation is not on")
+        return stack.rounds(targets, 175, body_bytes=len(SMALL_BODY))
 
 
 # --- policies: what each policy costs per request ---------------------------------
@@ -186,17 +204,12 @@ def openapi(ctx: Context) -> dict:
 def policies(ctx: Context) -> dict:
     """One API per policy (bench/lib/policies.py, the same as bench/profile's) on one data plane, each
     taking the request that passes it, in turn with a plain API: req/s and CPU per request against it."""
-    d = ctx.scenario_dir("policies")
-    stack = Stack()
-    info = load_env()
-    try:
-        up, addr = ctx.upstream(d, "u1")
-        stack.add(up)
-        sluice = stack.add(new_sluice(ctx, d))
+    with scenario(ctx, "policies") as stack:
+        addr = stack.upstream("u1")
+        sluice = stack.sluice()
         cases = per_policy.cases()
         sluice.configure(per_policy.config(ctx.fixtures, addr, cases))
-        body = d / "body.json"
-        body.write_bytes(SMALL_BODY)
+        body = stack.file("body.json", SMALL_BODY)
         dp = sluice.dps[0]
         targets = []
         for case in cases:
@@ -206,11 +219,7 @@ def policies(ctx: Context) -> dict:
             targets.append(Target(case["api"]["name"], f"http://{dp.http}{case['path']}", dp.proc,
                                   Request(request["method"], body, headers=request["headers"])))
         checks = {t.label: check_policy(t) for t in targets}
-        gateways = rounds(targets, 175, ctx.duration, ctx.warmup, ctx.rounds, ctx.layout)
-        return {**info, "body_bytes": len(SMALL_BODY), "connections": 175, "checks": checks,
-                "gateways": gateways}
-    finally:
-        stack.stop()
+        return stack.rounds(targets, 175, body_bytes=len(SMALL_BODY), checks=checks)
 
 
 def check_policy(target: Target) -> list[str]:
@@ -242,36 +251,20 @@ def check_policy(target: Target) -> list[str]:
 # --- round-robin: BunGate's test ----------------------------------------------
 
 def round_robin(ctx: Context) -> dict:
-    d = ctx.scenario_dir("round-robin")
-    stack = Stack()
-    info = load_env()
-    try:
-        addrs = []
-        for i in range(3):
-            up, addr = ctx.upstream(d, f"rr{i + 1}")
-            stack.add(up)
-            addrs.append(addr)
-        sluice = stack.add(new_sluice(ctx, d))
+    with scenario(ctx, "round-robin") as stack:
+        addrs = [stack.upstream(f"rr{i + 1}") for i in range(3)]
+        sluice = stack.sluice()
         sluice.configure({"upstreams": [upstream_cfg("pool", addrs)],
                           "apis": [{"name": "rr", "path_prefix": "/", "upstream": "pool"}]})
         dp = sluice.dps[0]
-        targets = [Target("sluice", f"http://{dp.http}/api/products", dp.proc)]
-        ng, port = peers.nginx_plain(d, ctx.gateway_cores, ctx.gateway_cpus, addrs)
-        stack.add(ng)
-        targets.append(Target("nginx", f"http://127.0.0.1:{port}/api/products", ng))
-        if peers.have_haproxy():
-            hp, hport = peers.start_haproxy(d, ctx.gateway_cores, ctx.gateway_cpus, addrs)
-            stack.add(hp)
-            targets.append(Target("haproxy", f"http://127.0.0.1:{hport}/api/products", hp))
+        targets = [Target("sluice", f"http://{dp.http}/api/products", dp.proc),
+                   *stack.plain_peers(addrs, "/api/products")]
         spread = {}
         for t in targets:
             seen = [check(t).get("server") for _ in range(6)]
             spread[t.label] = sorted(set(seen))
             assert len(set(seen)) == 3, f"{t.label} did not spread over the 3 upstreams: {seen}"
-        gateways = rounds(targets, 150, ctx.duration, ctx.warmup, ctx.rounds, ctx.layout)
-        return {**info, "connections": 150, "upstreams": 3, "gateways": gateways}
-    finally:
-        stack.stop()
+        return stack.rounds(targets, 150, upstreams=3)
 
 
 # --- memory -------------------------------------------------------------------
@@ -286,18 +279,14 @@ def settle_rss(proc: procs.Proc, secs: float = 1.5) -> int:
 
 
 def memory(ctx: Context) -> dict:
-    d = ctx.scenario_dir("memory")
-    stack = Stack()
-    info = load_env()
-    try:
-        up, addr = ctx.upstream(d, "u1")
-        stack.add(up)
-        sluice = stack.add(new_sluice(ctx, d))
+    with scenario(ctx, "memory") as stack:
+        d = stack.dir
+        addr = stack.upstream("u1")
+        sluice = stack.sluice()
         dp = sluice.dps[0]
         out = {"sluice": {}, "nginx": {}}
         out["sluice"]["rss_started_kb"] = settle_rss(dp.proc)
-        sluice.configure({"upstreams": [upstream_cfg("backend", [addr])],
-                          "apis": [{"name": "shop", "path_prefix": "/shop/v2", "upstream": "backend"}]})
+        sluice.configure({"upstreams": [upstream_cfg("backend", [addr])], "apis": [SHOP_API]})
         out["sluice"]["rss_idle_1_api_kb"] = settle_rss(dp.proc)
         sluice.configure({"upstreams": [upstream_cfg("backend", [addr])], "apis": many_apis(1000)})
         out["sluice"]["rss_idle_1000_apis_kb"] = settle_rss(dp.proc)
@@ -318,9 +307,7 @@ def memory(ctx: Context) -> dict:
             out[label]["rss_500_conns_kb"] = summary["rss_load_kb"]["max"]
             out[label]["load"] = summary
             out[label]["rss_after_load_kb"] = settle_rss(targets[0].gateway if label == "sluice" else ng)
-        return {**info, "apis": 1000, "connections": 500, "gateways": out}
-    finally:
-        stack.stop()
+        return {**stack.info, "apis": 1000, "connections": 500, "gateways": out}
 
 
 # --- push -----------------------------------------------------------------------
@@ -360,13 +347,10 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def push(ctx: Context) -> dict:
-    d = ctx.scenario_dir("push")
-    stack = Stack()
-    info = load_env()
-    try:
-        up, addr = ctx.upstream(d, "u1")
-        stack.add(up)
-        sluice = stack.add(new_sluice(ctx, d, n_data_planes=2, snapshot_cache=True))
+    with scenario(ctx, "push") as stack:
+        d = stack.dir
+        addr = stack.upstream("u1")
+        sluice = stack.sluice(n_data_planes=2, snapshot_cache=True)
         dp1, dp2 = sluice.dps
         base = {"upstreams": [upstream_cfg("backend", [addr])], "apis": [probe_api(0)]}
         sluice.configure(base)
@@ -490,35 +474,23 @@ def push(ctx: Context) -> dict:
         live["swaps_per_run"] = swap_counts
         q, s = live["quiet"]["p99_ms"]["median"], live["swapping"]["p99_ms"]["median"]
         live["p99_ratio"] = s / q if q else None
-        return {**info, "visible": visible, "sizes": sizes, "live": live}
-    finally:
-        stack.stop()
+        return {**stack.info, "visible": visible, "sizes": sizes, "live": live}
 
 
 # --- soak -------------------------------------------------------------------------
 
 def soak(ctx: Context, total: int = 1_000_000) -> dict:
-    d = ctx.scenario_dir("soak")
-    stack = Stack()
-    info = load_env()
-    try:
-        up, addr = ctx.upstream(d, "u1")
-        stack.add(up)
-        sluice = stack.add(new_sluice(ctx, d))
-        sluice.configure({"upstreams": [upstream_cfg("backend", [addr])],
-                          "apis": [{"name": "shop", "path_prefix": "/shop/v2", "upstream": "backend"}]})
-        body = d / "body.json"
-        body.write_bytes(body_1066())
+    with scenario(ctx, "soak") as stack:
+        sluice, _ = stack.shop()
         dp = sluice.dps[0]
+        body = stack.file("body.json", body_1066())
         target = Target("sluice", f"http://{dp.http}/shop/v2/products", dp.proc, Request("POST", body))
         check(target)
         rss_before = dp.proc.rss_kb()
         procs.log(f"  {total} requests (bounded at 600 s)")
         result = wrk(target, 175, 600, ctx.layout, stop_after_total=total)
-        return {**info, "target_requests": total, "result": result, "rss_before_kb": rss_before,
+        return {**stack.info, "target_requests": total, "result": result, "rss_before_kb": rss_before,
                 "rss_after_kb": settle_rss(dp.proc)}
-    finally:
-        stack.stop()
 
 
 ALL = {"proxy": proxy, "secured": secured, "openapi": openapi, "policies": policies,

@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use sluice_proto::text::truncate;
 use sluice_proto::v1::config_sync_server::{ConfigSync, ConfigSyncServer};
 use sluice_proto::v1::{ControlPlaneMessage, DataPlaneMessage, Hello, data_plane_message};
 use sluice_proto::{AUTHORIZATION_METADATA, PROTOCOL_VERSION};
@@ -289,19 +290,6 @@ fn message_name(message: Option<&data_plane_message::Message>) -> &'static str {
     }
 }
 
-/// Cuts `text` to at most `max` bytes on a character boundary, marking the cut.
-fn truncate(mut text: String, max: usize) -> String {
-    if text.len() > max {
-        let mut cut = max;
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        text.truncate(cut);
-        text.push('…');
-    }
-    text
-}
-
 /// Where operators can reach the node's proxy: the first address it says it
 /// serves on, with a wildcard IP (`0.0.0.0:8080`) replaced by the IP it
 /// connected from; the stream's peer address when it reports none.
@@ -329,14 +317,6 @@ mod tests {
         ];
         for (reported, peer, expected) in cases {
             assert_eq!(proxy_address(&reported, peer), expected, "{reported:?}");
-        }
-    }
-
-    #[test]
-    fn truncate_cuts_on_char_boundaries() {
-        let cases = [("short", 10, "short"), ("exactly", 7, "exactly"), ("abcdef", 3, "abc…"), ("héllo", 2, "h…")];
-        for (input, max, expected) in cases {
-            assert_eq!(truncate(input.to_owned(), max), expected, "{input} / {max}");
         }
     }
 }

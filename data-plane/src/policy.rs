@@ -92,6 +92,18 @@ impl From<Rejection> for Stop {
     }
 }
 
+/// Why an API's policies did not compile, naming the policy. Each policy's own `compile` states what in the
+/// snapshot it could not use, as a sentence: that text is the leaf of the chain.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    #[error("policy `{policy}`: {reason}")]
+    Policy { policy: &'static str, reason: String },
+    #[error("openapi: spec `{spec}` is not in the snapshot")]
+    MissingSpec { spec: String },
+    #[error("openapi: {reason}")]
+    Spec { reason: String },
+}
+
 impl PolicyChain {
     /// Compiles `api`'s policies against `snapshot` (consumers, specs, the
     /// API-key HMAC key). State worth keeping across swaps is taken from
@@ -104,7 +116,7 @@ impl PolicyChain {
         consumers: &Arc<ConsumerTags>,
         previous: Option<&PolicyChain>,
         ctx: &PolicyContext,
-    ) -> Result<PolicyChain, String> {
+    ) -> Result<PolicyChain, PolicyError> {
         let mut chain = PolicyChain {
             api: api.name.as_str().into(),
             cors: None,
@@ -124,7 +136,7 @@ impl PolicyChain {
         };
         for kind in api.policies.iter().filter_map(|p| p.kind.as_ref()) {
             let name = sluice_proto::policy_name(kind);
-            let failed = |e: String| format!("policy `{name}`: {e}");
+            let failed = |reason: String| PolicyError::Policy { policy: name, reason };
             // Exhaustive: a new policy kind in the proto does not compile until it has a slot here.
             match kind {
                 Kind::BasicAuth(spec) => {
@@ -157,9 +169,10 @@ impl PolicyChain {
                 .specs
                 .iter()
                 .find(|s| s.name == binding.spec)
-                .ok_or_else(|| format!("openapi: spec `{}` is not in the snapshot", binding.spec))?;
+                .ok_or_else(|| PolicyError::MissingSpec { spec: binding.spec.clone() })?;
             let old = previous.and_then(|p| p.openapi.as_ref());
-            chain.openapi = Some(SpecValidator::compile(spec, binding, api, old).map_err(|e| format!("openapi: {e}"))?);
+            chain.openapi =
+                Some(SpecValidator::compile(spec, binding, api, old).map_err(|reason| PolicyError::Spec { reason })?);
         }
         Ok(chain)
     }

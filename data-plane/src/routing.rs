@@ -18,7 +18,7 @@ pub use sluice_proto::routes::RouteMiss;
 
 use crate::base::RequestMetrics;
 use crate::fast_map::FastMap;
-use crate::policy::{ConsumerTags, PolicyChain, PolicyContext};
+use crate::policy::{ConsumerTags, PolicyChain, PolicyContext, PolicyError};
 use crate::tls::{CertificateError, CertificateSet};
 use crate::upstream::UpstreamPool;
 
@@ -36,8 +36,8 @@ pub enum CompileError {
     MissingUpstream { api: String, upstream: String },
     #[error("route conflict on `{route}`: {detail}")]
     RouteConflict { route: String, detail: String },
-    #[error("API `{api}`: {reason}")]
-    Policy { api: String, reason: String },
+    #[error("API `{api}`: {source}")]
+    Policy { api: String, source: PolicyError },
     #[error(transparent)]
     Certificate(#[from] CertificateError),
 }
@@ -136,7 +136,7 @@ pub fn compile(
         let old = previous_apis.get(api.name.as_str());
         let old_policies = old.map(|a| &a.policies);
         let policies = PolicyChain::compile(api, snapshot, &consumers, old_policies, ctx)
-            .map_err(|reason| CompileError::Policy { api: api.name.clone(), reason })?;
+            .map_err(|source| CompileError::Policy { api: api.name.clone(), source })?;
         let upstream = upstreams
             .get(&api.upstream)
             .cloned()

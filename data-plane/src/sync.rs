@@ -27,7 +27,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::backoff::Backoff;
 use crate::base::error_chain;
-use crate::routing::{ApplyOutcome, TableStore};
+use crate::routing::{ApplyOutcome, CompileError, TableStore};
 use crate::snapshot_cache::{self, CacheKey};
 
 pub use transport::{SyncTls, TransportError};
@@ -394,21 +394,21 @@ impl SyncClient {
             Err(error) => {
                 warn!(version, %hash, %error, "snapshot rejected; the previous routing table keeps serving");
                 metrics::counter!(METRIC_SNAPSHOT_REJECTS).increment(1);
-                data_plane_message::Message::Nack(Nack { version, hash, error })
+                data_plane_message::Message::Nack(Nack { version, hash, error: error.to_string() })
             }
         };
         DataPlaneMessage { message: Some(message) }
     }
 
     /// Verifies, compiles and swaps one snapshot; returns whether the table
-    /// changed, or the reason it was rejected (sent back in the Nack).
-    async fn apply(&self, mut snapshot: Snapshot, source: Source) -> Result<bool, String> {
+    /// changed, or the reason it was rejected (its text is the Nack's error).
+    async fn apply(&self, mut snapshot: Snapshot, source: Source) -> Result<bool, ApplyError> {
         // The hash is what "same snapshot, do nothing" trusts, so it must
         // really describe the content.
         sluice_proto::canonicalize(&mut snapshot);
         let actual = sluice_proto::content_hash(&snapshot);
         if actual != snapshot.hash {
-            return Err(format!("snapshot hash {:?} does not match its content (computed {actual})", snapshot.hash));
+            return Err(ApplyError::HashMismatch { claimed: snapshot.hash, computed: actual });
         }
 
         // Compiling can be expensive (schemas, certificates): keep it off the
@@ -419,8 +419,8 @@ impl SyncClient {
             (snapshot, result)
         })
         .await
-        .map_err(|e| format!("snapshot compile aborted: {e}"))?;
-        let outcome = result.map_err(|e| e.to_string())?;
+        .map_err(ApplyError::Aborted)?;
+        let outcome = result?;
 
         let applied = Applied { version: snapshot.version, hash: snapshot.hash.clone() };
         let swapped = match outcome {
@@ -461,6 +461,17 @@ impl SyncClient {
             Err(e) => warn!(version, error = %e, "snapshot cache writer failed"),
         }
     }
+}
+
+/// Why a snapshot was not applied.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error("snapshot hash {claimed:?} does not match its content (computed {computed})")]
+    HashMismatch { claimed: String, computed: String },
+    #[error("snapshot compile aborted: {0}")]
+    Aborted(#[source] tokio::task::JoinError),
+    #[error(transparent)]
+    Compile(#[from] CompileError),
 }
 
 /// Our connector's error, if that is where `error` came from.

@@ -18,6 +18,7 @@ pub mod password;
 pub mod path;
 pub mod policy;
 pub mod routes;
+pub mod text;
 pub mod tls;
 mod validate;
 

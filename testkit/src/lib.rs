@@ -1,6 +1,7 @@
 //! Test support shared by the workspace's tests: start a real binary, read
 //! the JSON address line it prints first, keep its logs, and kill it when the
-//! test ends (also when the test fails); wait for a condition; the shared
+//! test ends (also when the test fails); wait for a condition; the
+//! repository's examples; the shared
 //! services (`services`) and a fresh PostgreSQL database per test
 //! (`postgres`); and simulated data planes (`sim_node`) for fleet tests and
 //! the fleet benchmark.
@@ -27,6 +28,41 @@ pub const WAIT: Duration = Duration::from_secs(20);
 /// ephemeral ports; each prints the addresses it got in its first log line.
 pub const EPHEMERAL_DATA_PLANE_LISTENERS: [&str; 6] =
     ["--http-addr", "127.0.0.1:0", "--https-addr", "127.0.0.1:0", "--ops-addr", "127.0.0.1:0"];
+
+/// A test's `sluice-cp` flags: its database, the admin API on an ephemeral port, gRPC on `grpc_addr`, and
+/// the tokens and secret key given, so that replicas of one database (or a process started again) share
+/// them. A test appends flags of its own.
+pub fn control_plane_args<'a>(
+    database_url: &'a str,
+    grpc_addr: &'a str,
+    admin_token: &'a str,
+    cluster_token: &'a str,
+    secret_key: &'a str,
+) -> Vec<&'a str> {
+    vec![
+        "--database-url",
+        database_url,
+        "--admin-addr",
+        "127.0.0.1:0",
+        "--grpc-addr",
+        grpc_addr,
+        "--admin-token",
+        admin_token,
+        "--cluster-token",
+        cluster_token,
+        "--secret-key",
+        secret_key,
+    ]
+}
+
+/// The repository's `examples/` folder: the Fruitshop spec and DESIGN.md's example configuration.
+pub const EXAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples");
+
+/// A file of `examples/`, e.g. `example("fruitshop/config.yaml")`.
+pub fn example(path: &str) -> Result<String> {
+    let path = format!("{EXAMPLES}/{path}");
+    std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))
+}
 
 /// A running binary whose stdout (after the address line) and stderr are
 /// collected, so a test can assert on logs and a failing test can print them.

@@ -81,7 +81,7 @@ async fn the_history_names_the_token_of_each_write_and_revoked_tokens_are_refuse
     ensure!(status == 409, "a second token of the same name: {status}");
     let (status, _) =
         admin.send(Method::POST, "/v1/tokens", Some(json!({ "name": "admin-token", "role": "admin" }))).await?;
-    ensure!(status == 400, "the startup token's name is reserved: {status}");
+    ensure!(status == 422, "the startup token's name is reserved: {status}");
 
     let config = dir.path().join("config.yaml");
     std::fs::write(

@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use anyhow::{Context, Result, ensure};
 use reqwest::Method;
 use serde_json::json;
+use sluice_testkit::control_plane_args;
 use sluice_testkit::postgres::FreshDatabase;
 
 use crate::support::{ADMIN_TOKEN, Admin, CLUSTER_TOKEN, Process, data_plane, eventually, served_by, spawn, upstream};
@@ -18,24 +19,7 @@ use crate::support::{ADMIN_TOKEN, Admin, CLUSTER_TOKEN, Process, data_plane, eve
 const SECRET_KEY: &str = "5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e";
 
 async fn replica(database_url: &str) -> Result<Process> {
-    spawn(
-        "sluice-cp",
-        &[
-            "--database-url",
-            database_url,
-            "--admin-addr",
-            "127.0.0.1:0",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--admin-token",
-            ADMIN_TOKEN,
-            "--cluster-token",
-            CLUSTER_TOKEN,
-            "--secret-key",
-            SECRET_KEY,
-        ],
-    )
-    .await
+    spawn("sluice-cp", &control_plane_args(database_url, "127.0.0.1:0", ADMIN_TOKEN, CLUSTER_TOKEN, SECRET_KEY)).await
 }
 
 async fn latest(admin: &Admin) -> Result<u64> {

@@ -11,6 +11,7 @@ use serde_json::Value;
 pub use sluice_testkit::{
     EPHEMERAL_DATA_PLANE_LISTENERS, Process, WAIT, eventually as eventually_every, metric_sum, rss_kib,
 };
+use sluice_testkit::{EXAMPLES, example};
 pub const ADMIN_TOKEN: &str = "e2e-admin-token";
 pub const CLUSTER_TOKEN: &str = "e2e-cluster-token";
 
@@ -24,32 +25,20 @@ pub async fn spawn(name: &str, args: &[&str]) -> Result<Process> {
     Process::spawn(binary(name), args, &[]).await
 }
 
-/// DESIGN.md's example config in `dir/config.yaml` (the Fruitshop spec copied
-/// beside it), proxying to `backend` with a per-consumer limit of `rate` an hour.
+/// DESIGN.md's example config (`examples/fruitshop/config.yaml`) in `dir/config.yaml`, the Fruitshop spec
+/// copied beside it, proxying to `backend` alone with a per-consumer limit of `rate` an hour.
 pub fn design_example(dir: &Path, backend: &str, rate: u64) -> Result<PathBuf> {
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/fruitshop/fruitshop-v2-2-0.oas.yml");
-    std::fs::copy(&fixture, dir.join("fruitshop-v2-2-0.oas.yml")).context("the fruitshop fixture")?;
-    let config = format!(
-        r#"upstreams:
-  - name: shop-backend
-    targets: [{{ url: "http://{backend}" }}]
-    balance: round_robin
-specs:
-  - name: fruitshop
-    file: fruitshop-v2-2-0.oas.yml
-consumers:
-  - username: loadtest
-    basic_auth: {{ password: "secret" }}
-apis:
-  - name: shop
-    path_prefix: /shop/v2
-    upstream: shop-backend
-    openapi: {{ spec: fruitshop, validate_requests: true }}
-    policies:
-      - basic_auth: {{}}
-      - rate_limit: {{ requests: {rate}, per: 1h, key: consumer }}
-"#
-    );
+    std::fs::copy(Path::new(EXAMPLES).join("fruitshop/fruitshop-v2-2-0.oas.yml"), dir.join("fruitshop-v2-2-0.oas.yml"))
+        .context("the fruitshop fixture")?;
+    let example = example("fruitshop/config.yaml")?;
+    let targets = r#"targets: [{ url: "http://127.0.0.1:9001" }, { url: "http://127.0.0.1:9002" }]"#;
+    let limit = "rate_limit: { requests: 2000000,";
+    if !example.contains(targets) || !example.contains(limit) {
+        bail!("examples/fruitshop/config.yaml no longer has the targets and the rate limit this replaces");
+    }
+    let config = example
+        .replace(targets, &format!(r#"targets: [{{ url: "http://{backend}" }}]"#))
+        .replace(limit, &format!("rate_limit: {{ requests: {rate},"));
     let path = dir.join("config.yaml");
     std::fs::write(&path, config)?;
     Ok(path)

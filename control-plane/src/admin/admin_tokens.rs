@@ -3,16 +3,16 @@
 //! operations as `sluice-cp tokens`, for operators who hold an admin token
 //! but not the database.
 
+use axum::Json;
 use axum::extract::{Extension, Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::{Json, body::Bytes, http::HeaderMap};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::body::decode_body;
+use super::body::{BodyWrite, decode_body};
 use super::crud::Page;
 use super::error::{AdminError, FieldError, Problem};
 use super::{PROBLEM, Shared};
@@ -54,27 +54,20 @@ async fn list_tokens(State(admin): State<Shared>) -> Result<Json<Page<AdminToken
     responses(
         (status = 201, description = "Created; the token is in the answer, and only there", body = CreatedToken,
             headers(("Location" = String))),
-        (status = 400, description = "Unparsable body, or fields missing, unknown or of the wrong type", body = Problem, content_type = PROBLEM),
         (status = 409, description = "The name is taken", body = Problem, content_type = PROBLEM),
-        (status = 415, description = "Not JSON or YAML", body = Problem, content_type = PROBLEM),
     ),
 )]
-async fn create_token(
-    State(admin): State<Shared>,
-    Extension(principal): Extension<Principal>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Result<Response, AdminError> {
-    let request: TokenRequest = decode_body(&admin, &headers, body, "TokenRequest", |_| Ok(())).await?;
+async fn create_token(State(admin): State<Shared>, write: BodyWrite) -> Result<Response, AdminError> {
+    let request: TokenRequest = decode_body(&admin, &write.headers, write.body, "TokenRequest", |_| Ok(())).await?;
     if let Err(message) = check_token_name(&request.name) {
         return Err(AdminError::InvalidBody(vec![FieldError::new("/name", message)]));
     }
     let (token, listed) = admin
         .store
-        .create_admin_token(&request.name, request.role, &principal.name)
+        .create_admin_token(&request.name, request.role, &write.author)
         .await?
         .ok_or_else(|| AdminError::TokenExists { name: request.name.clone() })?;
-    tracing::info!(name = %listed.name, role = listed.role.as_str(), created_by = %principal.name, "admin token created");
+    tracing::info!(name = %listed.name, role = listed.role.as_str(), created_by = %write.author, "admin token created");
     let mut response = (StatusCode::CREATED, Json(CreatedToken { listed, token })).into_response();
     if let Ok(location) = HeaderValue::try_from(format!("/v1/tokens/{}", request.name)) {
         response.headers_mut().insert(header::LOCATION, location);

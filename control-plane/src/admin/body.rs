@@ -6,7 +6,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::body::Bytes;
+use axum::extract::{FromRequest, Request};
 use axum::http::{HeaderMap, header};
+use axum::response::{IntoResponse, Response};
 use jsonschema::error::ValidationErrorKind;
 use jsonschema::{ValidationError, Validator};
 use serde::de::DeserializeOwned;
@@ -15,6 +17,7 @@ use serde_json::{Map, Value, json};
 use super::Shared;
 use super::error::{AdminError, FieldError};
 use crate::nesting::check_flow_depth;
+use crate::tokens::Principal;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
@@ -55,6 +58,29 @@ pub fn wants_yaml(headers: &HeaderMap, format: Option<&str>) -> bool {
         (Some(y), Some(j)) => y < j,
         (Some(_), None) => true,
         _ => false,
+    }
+}
+
+/// What a write that carries a body takes from its request: the name of the token that sent it (the history
+/// names it), the headers (the body's format) and the body. It takes the body, so it is a handler's last argument.
+pub(crate) struct BodyWrite {
+    pub author: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl<S: Send + Sync> FromRequest<S> for BodyWrite {
+    type Rejection = Response;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Response> {
+        // `auth::authenticate` puts the principal on every request it lets through to a write.
+        let author =
+            request.extensions().get::<Principal>().map(|principal| principal.name.clone()).ok_or_else(|| {
+                AdminError::Internal("a write reached its handler without a principal".into()).into_response()
+            })?;
+        let headers = request.headers().clone();
+        let body = Bytes::from_request(request, state).await.map_err(IntoResponse::into_response)?;
+        Ok(Self { author, headers, body })
     }
 }
 

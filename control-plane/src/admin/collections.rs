@@ -1,15 +1,15 @@
 //! The routes of the five named collections. One macro stamps out, per resource, six thin handlers with their
 //! OpenAPI annotations (utoipa needs a concrete function per operation) and the router mounting them; all
-//! behaviour lives in the generic functions of `crud.rs`.
+//! behaviour lives in the generic functions of `crud.rs`. The answers every write with a body can give (400, 413,
+//! 415, 422) are added to the document in `document.rs`, once for all.
 
 use axum::Json;
-use axum::body::Bytes;
 use axum::extract::{Extension, Path, Query, State};
-use axum::http::HeaderMap;
 use axum::response::Response;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::body::BodyWrite;
 use super::crud::{self, Page, PageQuery};
 use super::error::{AdminError, Problem};
 use super::{PROBLEM, Shared};
@@ -45,19 +45,11 @@ macro_rules! collection {
             responses(
                 (status = 201, description = "Created; `Location` names it. Write-only fields are not returned.",
                     body = $ty, headers(("Location" = String), ("Sluice-Config-Version" = u64))),
-                (status = 400, description = "Unparsable body, or fields of the wrong type, missing or unknown; every one listed", body = Problem, content_type = PROBLEM),
                 (status = 409, description = "The name is taken", body = Problem, content_type = PROBLEM),
-                (status = 415, description = "Not JSON or YAML", body = Problem, content_type = PROBLEM),
-                (status = 422, description = "Rejected content or broken references; nothing committed", body = Problem, content_type = PROBLEM),
             ),
         )]
-        pub async fn $create(
-            State(admin): State<Shared>,
-            Extension(principal): Extension<Principal>,
-            headers: HeaderMap,
-            body: Bytes,
-        ) -> Result<Response, AdminError> {
-            crud::create::<$ty>(&admin, &principal.name, &headers, body).await
+        pub async fn $create(State(admin): State<Shared>, write: BodyWrite) -> Result<Response, AdminError> {
+            crud::create::<$ty>(&admin, write).await
         }
 
         #[utoipa::path(
@@ -76,26 +68,18 @@ macro_rules! collection {
             put, path = $item, tag = $tag,
             params(("name" = String, Path, description = $name)),
             request_body(
-                description = "The whole resource. Its name may be left out; if given it must equal the one in the URL.",
+                description = "The whole resource. Its name may be left out; if given it must equal the one in the URL \
+                    (422 at `/name` otherwise).",
                 content(($ty = "application/json"), ($ty = "application/yaml")),
             ),
             responses(
                 (status = 200, description = "Replaced", body = $ty, headers(("Sluice-Config-Version" = u64))),
                 (status = 201, description = "Created (PUT creates a missing name)", body = $ty,
                     headers(("Location" = String), ("Sluice-Config-Version" = u64))),
-                (status = 400, description = "Unparsable body, wrong or unknown fields, or a name differing from the URL", body = Problem, content_type = PROBLEM),
-                (status = 415, description = "Not JSON or YAML", body = Problem, content_type = PROBLEM),
-                (status = 422, description = "Rejected content or broken references; nothing committed", body = Problem, content_type = PROBLEM),
             ),
         )]
-        pub async fn $replace(
-            State(admin): State<Shared>,
-            Extension(principal): Extension<Principal>,
-            Path(name): Path<String>,
-            headers: HeaderMap,
-            body: Bytes,
-        ) -> Result<Response, AdminError> {
-            crud::replace::<$ty>(&admin, &principal.name, &name, &headers, body).await
+        pub async fn $replace(State(admin): State<Shared>, Path(name): Path<String>, write: BodyWrite) -> Result<Response, AdminError> {
+            crud::replace::<$ty>(&admin, &name, write).await
         }
 
         #[utoipa::path(
@@ -108,20 +92,11 @@ macro_rules! collection {
             ),
             responses(
                 (status = 200, description = "Patched", body = $ty, headers(("Sluice-Config-Version" = u64))),
-                (status = 400, description = "Unparsable patch, or a result with wrong or unknown fields", body = Problem, content_type = PROBLEM),
                 (status = 404, description = "No such name", body = Problem, content_type = PROBLEM),
-                (status = 415, description = "Not JSON or YAML", body = Problem, content_type = PROBLEM),
-                (status = 422, description = "Rejected content or broken references; nothing committed", body = Problem, content_type = PROBLEM),
             ),
         )]
-        pub async fn $patch(
-            State(admin): State<Shared>,
-            Extension(principal): Extension<Principal>,
-            Path(name): Path<String>,
-            headers: HeaderMap,
-            body: Bytes,
-        ) -> Result<Response, AdminError> {
-            crud::patch::<$ty>(&admin, &principal.name, &name, &headers, body).await
+        pub async fn $patch(State(admin): State<Shared>, Path(name): Path<String>, write: BodyWrite) -> Result<Response, AdminError> {
+            crud::patch::<$ty>(&admin, &name, write).await
         }
 
         #[utoipa::path(

@@ -3,8 +3,7 @@
 //! nothing, because `prepare_config` keeps stored hashes and sealed values that still match.
 
 use axum::Json;
-use axum::body::Bytes;
-use axum::extract::{Extension, Query, State};
+use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -12,14 +11,13 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::body::{decode_body, wants_yaml};
-use super::error::{AdminError, FieldError, Problem};
-use super::{PROBLEM, Shared, VERSION_HEADER, write_error};
+use super::body::{BodyWrite, decode_body, wants_yaml};
+use super::error::{AdminError, FieldError};
+use super::{Shared, VERSION_HEADER, write_error};
 use crate::model::Config;
 use crate::prepare::{ConfigDiff, diff_config, prepare_config};
 use crate::snapshot::build_snapshot;
 use crate::store::Note;
-use crate::tokens::Principal;
 
 pub fn routes() -> OpenApiRouter<Shared> {
     OpenApiRouter::new().routes(routes!(export_config, import_config))
@@ -101,22 +99,14 @@ async fn export_config(
     responses(
         (status = 200, description = "Committed as one snapshot (or validated only, with `dry_run`)",
             body = ImportResult, headers(("Sluice-Config-Version" = u64))),
-        (status = 400, description = "Unparsable document, or fields of the wrong type, missing or unknown; \
-            every one listed", body = Problem, content_type = PROBLEM),
-        (status = 415, description = "Not JSON or YAML", body = Problem, content_type = PROBLEM),
-        (status = 422, description = "Rejected content (bad secrets, specs, certificates) or an invalid \
-            snapshot (broken references, duplicates); every problem listed, nothing committed",
-            body = Problem, content_type = PROBLEM),
     ),
 )]
 async fn import_config(
     State(admin): State<Shared>,
-    Extension(principal): Extension<Principal>,
     Query(query): Query<ImportQuery>,
-    headers: HeaderMap,
-    body: Bytes,
+    write: BodyWrite,
 ) -> Result<Response, AdminError> {
-    let config: Config = decode_body(&admin, &headers, body, "Config", |_| Ok(())).await?;
+    let config: Config = decode_body(&admin, &write.headers, write.body, "Config", |_| Ok(())).await?;
     let version = admin.store.current_version();
     let previous = admin.store.config().await?;
     let store = admin.store.clone();
@@ -151,7 +141,7 @@ async fn import_config(
     let summary = format!("import: {}", diff_config(&previous, &prepared).summary());
     let committed = admin
         .store
-        .write(Note { author: &principal.name, summary: &summary }, move |current| {
+        .write(Note { author: &write.author, summary: &summary }, move |current| {
             let diff = diff_config(current, &prepared);
             *current = prepared;
             Ok::<_, AdminError>(diff)

@@ -2,14 +2,13 @@
 //! handlers in `collections.rs`. Each write parses and schema-checks the body, prepares secrets and specs outside
 //! the store lock (Argon2 is slow), then re-checks names inside `Store::write`, where the configuration is current.
 
-use axum::body::Bytes;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
-use super::body::{decode_body, merge_patch};
+use super::body::{BodyWrite, decode_body, merge_patch};
 use super::collection::Collection;
 use super::error::{AdminError, FieldError};
 use super::{Admin, Shared, VERSION_HEADER, write_error};
@@ -68,13 +67,8 @@ fn summary<R: Collection>(verb: &str, name: &str) -> String {
     format!("{verb} {} {name}", R::KIND.collection().trim_end_matches('s'))
 }
 
-pub async fn create<R: Collection>(
-    admin: &Shared,
-    author: &str,
-    headers: &HeaderMap,
-    body: Bytes,
-) -> Result<Response, AdminError> {
-    let item: R = decode_body(admin, headers, body, R::SCHEMA, |_| Ok(())).await?;
+pub async fn create<R: Collection>(admin: &Shared, write: BodyWrite) -> Result<Response, AdminError> {
+    let item: R = decode_body(admin, &write.headers, write.body, R::SCHEMA, |_| Ok(())).await?;
     let name = item.name().to_string();
     // Checked here too so a conflict is reported before the slow prepare; the check in the write is the one that
     // holds under concurrency.
@@ -86,7 +80,7 @@ pub async fn create<R: Collection>(
     let summary = summary::<R>("create", &name);
     let committed = admin
         .store
-        .write(Note { author, summary: &summary }, |config| {
+        .write(Note { author: &write.author, summary: &summary }, |config| {
             let items = R::items_mut(config);
             if items.iter().any(|existing| existing.name() == name) {
                 return Err(AdminError::AlreadyExists { kind: R::KIND, name: name.clone() });
@@ -102,22 +96,18 @@ pub async fn create<R: Collection>(
 /// `PUT`: replaces the item, or creates it when absent (so a declarative client can always PUT). The name comes
 /// from the URL; a body may repeat it but not contradict it, since renaming through PUT would silently orphan the
 /// references to the old name.
-pub async fn replace<R: Collection>(
-    admin: &Shared,
-    author: &str,
-    name: &str,
-    headers: &HeaderMap,
-    body: Bytes,
-) -> Result<Response, AdminError> {
+pub async fn replace<R: Collection>(admin: &Shared, name: &str, write: BodyWrite) -> Result<Response, AdminError> {
     let url_name = name.to_string();
-    let item: R = decode_body(admin, headers, body, R::SCHEMA, move |value| fill_name::<R>(value, &url_name)).await?;
+    let item: R =
+        decode_body(admin, &write.headers, write.body, R::SCHEMA, move |value| fill_name::<R>(value, &url_name))
+            .await?;
     let config = admin.store.config().await?;
     let previous = R::items(&config).iter().find(|existing| existing.name() == name).cloned();
     let summary = summary::<R>(if previous.is_some() { "replace" } else { "create" }, name);
     let prepared = prepare(admin, item, previous).await?;
     let committed = admin
         .store
-        .write(Note { author, summary: &summary }, |config| {
+        .write(Note { author: &write.author, summary: &summary }, |config| {
             let items = R::items_mut(config);
             let created = match items.iter_mut().find(|existing| existing.name() == name) {
                 Some(existing) => {
@@ -144,13 +134,7 @@ pub async fn replace<R: Collection>(
 /// `PATCH` with an RFC 7396 merge patch over the stored form, then the same checks as `PUT`. Write-only fields
 /// are absent from the stored form, so patching `{"basic_auth": {"password": "new"}}` sets a new password and
 /// leaves the other credentials alone.
-pub async fn patch<R: Collection>(
-    admin: &Shared,
-    author: &str,
-    name: &str,
-    headers: &HeaderMap,
-    body: Bytes,
-) -> Result<Response, AdminError> {
+pub async fn patch<R: Collection>(admin: &Shared, name: &str, write: BodyWrite) -> Result<Response, AdminError> {
     let config = admin.store.config().await?;
     let current = R::items(&config)
         .iter()
@@ -159,7 +143,7 @@ pub async fn patch<R: Collection>(
         .ok_or_else(|| AdminError::not_found(R::KIND, name))?;
     let stored = serde_json::to_value(&current).map_err(|e| AdminError::Internal(e.to_string()))?;
     let url_name = name.to_string();
-    let item: R = decode_body(admin, headers, body, R::SCHEMA, move |value| {
+    let item: R = decode_body(admin, &write.headers, write.body, R::SCHEMA, move |value| {
         let patch = std::mem::replace(value, stored);
         merge_patch(value, patch);
         fill_name::<R>(value, &url_name)
@@ -169,7 +153,7 @@ pub async fn patch<R: Collection>(
     let summary = summary::<R>("patch", name);
     let committed = admin
         .store
-        .write(Note { author, summary: &summary }, |config| {
+        .write(Note { author: &write.author, summary: &summary }, |config| {
             // Deleted between our read and this write: patching nothing would resurrect it.
             let existing = R::items_mut(config)
                 .iter_mut()

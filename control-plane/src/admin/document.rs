@@ -124,10 +124,11 @@ fn close_single_key_variants(object: &mut Map<String, Value>) {
     }
 }
 
-/// The answers that come from an operation's inputs rather than its logic: a query or path parameter that does
-/// not parse is 400; a body can be unparsable or mistyped (400), larger than the limit (413), of another media
-/// type (415), or nested too deeply or otherwise unusable (422). A write can also meet a secret key rotated under
-/// this control plane (503).
+/// The answers that come from an operation's inputs rather than its logic, stated here once for every operation:
+/// a query or path parameter that does not parse is 400; a body can be unparsable (400), larger than the limit
+/// (413), of another media type (415), or nested too deeply, with fields that do not fit the schema, or with
+/// content the data planes could not use (422, every bad field with its pointer). A write can also meet a secret
+/// key rotated under this control plane (503).
 fn add_input_answers(method: &str, operation: &mut Map<String, Value>) {
     let has_parameters = operation.get("parameters").and_then(Value::as_array).is_some_and(|p| !p.is_empty());
     let has_body = operation.contains_key("requestBody");
@@ -139,9 +140,9 @@ fn add_input_answers(method: &str, operation: &mut Map<String, Value>) {
         })
     };
     if has_parameters || has_body {
-        responses.entry("400").or_insert_with(|| {
-            problem("A parameter or the body does not parse or does not fit its schema; every bad field listed")
-        });
+        responses
+            .entry("400")
+            .or_insert_with(|| problem("A parameter does not parse, or the body is not JSON or YAML at all"));
     }
     // A write made while the secret key was rotated under this control plane (it must restart).
     if method != "get" {
@@ -151,7 +152,10 @@ fn add_input_answers(method: &str, operation: &mut Map<String, Value>) {
         responses.entry("413").or_insert_with(|| problem("The body is larger than the admin API accepts"));
         responses.entry("415").or_insert_with(|| problem("Not JSON or YAML"));
         responses.entry("422").or_insert_with(|| {
-            problem("The body exceeds a parsing limit (nesting) or its content was rejected; nothing committed")
+            problem(
+                "Fields that do not fit the schema or that no data plane could use, or a body over a parsing limit \
+                 (nesting): `errors` lists every bad field with its JSON pointer; nothing committed",
+            )
         });
     }
 }

@@ -25,7 +25,7 @@ pub struct Problem {
     pub kind: String,
     #[schema(example = "The request body is invalid")]
     pub title: String,
-    #[schema(example = 400)]
+    #[schema(example = 422)]
     pub status: u16,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
@@ -89,7 +89,9 @@ pub enum AdminError {
     /// The body exceeds a parsing limit: nested too deeply, or aliases that expand too far.
     #[error("{detail}")]
     BodyLimit { detail: String },
-    /// The body parsed but does not fit the schema: wrong types, unknown or missing fields.
+    /// The body parsed but does not fit the schema: wrong types, unknown or missing fields, names outside the
+    /// alphabet, a name differing from the URL's. Every bad field at once, each at its pointer; 422 like any
+    /// other field the control plane refuses, so a client has one status for "fix these fields".
     #[error("the request body has {} invalid field(s)", .0.len())]
     InvalidBody(Vec<FieldError>),
     /// The body fits the schema but the result is not acceptable: a secret that does not parse, a spec the OpenAPI
@@ -160,7 +162,7 @@ impl AdminError {
             Self::BodyLimit { .. } => {
                 (StatusCode::UNPROCESSABLE_ENTITY, "body-limit", "The request body exceeds a parsing limit")
             }
-            Self::InvalidBody(_) => (StatusCode::BAD_REQUEST, "invalid-body", "The request body is invalid"),
+            Self::InvalidBody(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid-body", "The request body is invalid"),
             Self::Unprocessable { .. } => {
                 (StatusCode::UNPROCESSABLE_ENTITY, "invalid-config", "The change was rejected")
             }

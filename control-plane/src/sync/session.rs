@@ -15,13 +15,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use sluice_proto::text::truncate;
 use sluice_proto::v1::{self, ControlPlaneMessage, DataPlaneMessage, Hello, control_plane_message, data_plane_message};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tonic::{Status, Streaming};
 
 use super::latest::Latest;
-use super::{SyncService, now_ms, proxy_address, truncate};
+use super::{SyncService, now_ms, proxy_address};
 use crate::store::DataPlaneRecord;
 
 /// NACKed snapshots remembered per stream. Bounded so a node that NACKs

@@ -13,7 +13,7 @@ use anyhow::{Context, Result, ensure};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use sluice_testkit::postgres::FreshDatabase;
-use sluice_testkit::{Process, eventually, metric_sum};
+use sluice_testkit::{Process, control_plane_args, eventually, metric_sum};
 use sqlx::Connection;
 use sqlx::postgres::PgConnection;
 use tokio::net::{TcpListener, TcpStream};
@@ -25,24 +25,10 @@ const POLL: Duration = Duration::from_millis(50);
 
 async fn control_plane(database_url: &str) -> Result<(Process, String)> {
     let secret = "3c".repeat(32);
-    let args = [
-        "--database-url",
-        database_url,
-        "--admin-addr",
-        "127.0.0.1:0",
-        "--grpc-addr",
-        "127.0.0.1:0",
-        "--admin-token",
-        ADMIN_TOKEN,
-        "--cluster-token",
-        "database-test-cluster-token",
-        "--secret-key",
-        &secret,
-        // Short, so each request during the outage fails fast; long enough
-        // for a busy test machine's PostgreSQL to hand out connections.
-        "--database-acquire-timeout",
-        "3s",
-    ];
+    let mut args = control_plane_args(database_url, "127.0.0.1:0", ADMIN_TOKEN, "database-test-cluster-token", &secret);
+    // Short, so each request during the outage fails fast; long enough for a busy test machine's PostgreSQL
+    // to hand out connections.
+    args.extend(["--database-acquire-timeout", "3s"]);
     let process = Process::spawn(env!("CARGO_BIN_EXE_sluice-cp"), &args, &[("RUST_LOG", "info")]).await?;
     let admin = format!("http://{}", process.addr("admin_addr")?);
     Ok((process, admin))

@@ -19,8 +19,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 use sluice_proto::v1::policy::Kind;
-use sluice_testkit::Process;
 use sluice_testkit::sim_node::{Faults, Pushed, SimNode, SimOptions};
+use sluice_testkit::{Process, control_plane_args};
 
 const ADMIN_TOKEN: &str = "fleet-model-admin-token";
 const CLUSTER_TOKEN: &str = "fleet-model-cluster-token";
@@ -94,23 +94,9 @@ struct Fleet {
 async fn start_control_plane(dir: &std::path::Path, grpc: &str) -> Result<ControlPlane> {
     let database = format!("sqlite://{}", dir.join("sluice.db").display());
     let secret = "5e".repeat(32);
-    let args = [
-        "--database-url",
-        &database,
-        "--admin-addr",
-        "127.0.0.1:0",
-        "--grpc-addr",
-        grpc,
-        "--admin-token",
-        ADMIN_TOKEN,
-        "--cluster-token",
-        CLUSTER_TOKEN,
-        "--secret-key",
-        &secret,
-        // A lost push is sent again after this long.
-        "--ack-timeout",
-        "1s",
-    ];
+    let mut args = control_plane_args(&database, grpc, ADMIN_TOKEN, CLUSTER_TOKEN, &secret);
+    // A lost push is sent again after this long.
+    args.extend(["--ack-timeout", "1s"]);
     let process = Process::spawn(env!("CARGO_BIN_EXE_sluice-cp"), &args, &[("RUST_LOG", "info")]).await?;
     let admin = format!("http://{}", process.addr("admin_addr")?);
     let grpc = process.addr("grpc_addr")?;

@@ -109,20 +109,8 @@ pub(super) fn collect(validator: &Validator, instance: &Value, errors: &mut Erro
             pointer.push('/');
             pointer.push_str(&super::document::escape(name));
         }
-        errors.add(at(&pointer), truncate(error.to_string()));
+        errors.add(at(&pointer), sluice_proto::text::truncate(error.to_string(), MAX_MESSAGE));
     }
-}
-
-fn truncate(mut message: String) -> String {
-    if message.len() > MAX_MESSAGE {
-        let mut cut = MAX_MESSAGE;
-        while !message.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        message.truncate(cut);
-        message.push('…');
-    }
-    message
 }
 
 /// The JSON types a schema admits, looked up through `$ref`s, for turning a

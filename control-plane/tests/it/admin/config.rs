@@ -14,30 +14,14 @@ both!(dry_run_shows_the_diff_and_commits_nothing, dry_run_shows_the_diff_and_com
 both!(rollback_commits_the_old_config_as_new_version, rollback_commits_the_old_config_as_new_version);
 both!(data_planes_show_stale_nodes, data_planes_show_stale_nodes);
 
-/// DESIGN.md's example config, with the spec's `file:` resolved into `content` as the CLI does.
+/// DESIGN.md's example config (`examples/fruitshop/config.yaml`), with the spec's `file:` resolved into
+/// `content` as the CLI does.
 fn example_yaml() -> String {
     let spec: String = fruitshop().lines().map(|line| format!("      {line}\n")).collect();
-    format!(
-        r#"upstreams:
-  - name: shop-backend
-    targets: [{{ url: "http://127.0.0.1:9001" }}, {{ url: "http://127.0.0.1:9002" }}]
-    balance: round_robin
-specs:
-  - name: fruitshop
-    content: |
-{spec}consumers:
-  - username: loadtest
-    basic_auth: {{ password: "secret" }}
-apis:
-  - name: shop
-    path_prefix: /shop/v2
-    upstream: shop-backend
-    openapi: {{ spec: fruitshop, validate_requests: true }}
-    policies:
-      - basic_auth: {{}}
-      - rate_limit: {{ requests: 2000000, per: 1h, key: consumer }}
-"#
-    )
+    let example = sluice_testkit::example("fruitshop/config.yaml").unwrap_or_else(|e| panic!("{e:#}"));
+    let file = "    file: fruitshop-v2-2-0.oas.yml\n";
+    assert!(example.contains(file), "the example no longer names its spec file: {example}");
+    example.replace(file, &format!("    content: |\n{spec}"))
 }
 
 async fn import_yaml(server: &Server, path: &str, yaml: String) -> Value {

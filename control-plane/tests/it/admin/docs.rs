@@ -74,6 +74,17 @@ async fn openapi_documents_every_route(server: &Server) {
             }
             assert!(operation["responses"].as_object().is_some_and(|r| !r.is_empty()), "{method} {path}");
             assert!(operation["tags"].as_array().is_some_and(|t| !t.is_empty()), "{method} {path} has a tag");
+            // Every write with a body documents the answers its body can get: 422 for bad fields (with their
+            // pointers) whatever check finds them, 400 only for a body that does not parse.
+            if operation.get("requestBody").is_some() {
+                for status in ["400", "413", "415", "422"] {
+                    assert!(operation["responses"][status].is_object(), "{method} {path} documents {status}");
+                }
+                let fields = operation["responses"]["422"]["description"].as_str().unwrap_or_default();
+                assert!(fields.contains("pointer"), "{method} {path}: 422 is for fields: {fields}");
+                let unparsable = operation["responses"]["400"]["description"].as_str().unwrap_or_default();
+                assert!(!unparsable.contains("field"), "{method} {path}: 400 is not for fields: {unparsable}");
+            }
             if path.starts_with("/v1/") {
                 assert!(operation["responses"]["401"].is_object(), "{method} {path} documents 401");
             } else {

@@ -1,5 +1,6 @@
-//! Error shapes: 401 without the token, every bad field listed with its pointer, unknown fields, malformed and
-//! unsupported bodies, 404/405 for unknown routes and methods, and 422 with nothing committed.
+//! Error shapes: 401 without the token, every bad field listed with its pointer (422, whichever check finds it),
+//! unknown fields, malformed (400) and unsupported (415) bodies, 404/405 for unknown routes and methods, and
+//! nothing committed on any refusal.
 
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -55,7 +56,7 @@ async fn bad_bodies_list_every_field(server: &Server) {
         "balance": "sideways",
         "colour": "blue",
     });
-    let problem = server.post("/v1/upstreams", &bad).await.problem(400, "invalid-body");
+    let problem = server.post("/v1/upstreams", &bad).await.problem(422, "invalid-body");
     assert_eq!(pointers(&problem), ["/balance", "/colour", "/targets/0/url", "/targets/0/weight"], "{problem}");
     let errors = problem["errors"].as_array().cloned().unwrap_or_default();
     assert!(errors.iter().all(|e| e["detail"].as_str().is_some_and(|d| !d.is_empty())), "{problem}");
@@ -68,7 +69,7 @@ async fn bad_bodies_list_every_field(server: &Server) {
         "policies": [{ "rate_limit": { "requests": "lots", "per": "1m" } }],
         "openapi": { "spec": "fruitshop", "strict": true },
     });
-    let problem = server.post("/v1/apis", &api).await.problem(400, "invalid-body");
+    let problem = server.post("/v1/apis", &api).await.problem(422, "invalid-body");
     assert_eq!(pointers(&problem), ["/name", "/openapi/strict", "/policies/0/rate_limit/requests"], "{problem}");
 
     // Whole-config imports list problems across resources.
@@ -77,7 +78,7 @@ async fn bad_bodies_list_every_field(server: &Server) {
         "consumers": [{ "username": "bob", "basic_auth": { "passwd": "x" } }],
         "extras": [],
     });
-    let problem = server.put("/v1/config", &config).await.problem(400, "invalid-body");
+    let problem = server.put("/v1/config", &config).await.problem(422, "invalid-body");
     assert_eq!(pointers(&problem), ["/consumers/0/basic_auth/passwd", "/extras", "/upstreams/0/targets"], "{problem}");
 
     // Not JSON at all; empty; a YAML document sent as YAML is fine but broken YAML is not.
@@ -119,14 +120,16 @@ async fn invalid_changes_are_422_and_commit_nothing(server: &Server) {
     let problem = server
         .post("/v1/upstreams", &json!({ "name": "bad name!", "targets": [{ "url": "http://127.0.0.1:1" }] }))
         .await
-        .problem(400, "invalid-body");
+        .problem(422, "invalid-body");
     assert_eq!(super::errors::pointers(&problem), ["/name"], "{problem}");
+    // So is one given in the URL of a PUT: the same status and pointer, as the name lands in the body there.
+    let upstream = json!({ "targets": [{ "url": "http://127.0.0.1:1" }] });
+    let problem = server.put("/v1/upstreams/bad%20name!", &upstream).await.problem(422, "invalid-body");
+    assert_eq!(super::errors::pointers(&problem), ["/name"], "{problem}");
+    assert_eq!(server.version().await, before, "nothing committed");
 
     // A PATCH that breaks a reference is refused the same way.
-    server
-        .post("/v1/upstreams", &json!({ "name": "backend", "targets": [{ "url": "http://127.0.0.1:1" }] }))
-        .await
-        .expect(201);
+    server.backend().await;
     server.post("/v1/apis", &json!({ "name": "shop", "upstream": "backend" })).await.expect(201);
     let committed = server.version().await;
     server.patch("/v1/apis/shop", &json!({ "upstream": "gone" })).await.problem(422, "invalid-config");
@@ -137,11 +140,7 @@ async fn invalid_changes_are_422_and_commit_nothing(server: &Server) {
 /// What serde alone used to catch (with an empty pointer, one at a time): durations, integers written as `5.0`,
 /// a second key in a policy item, control characters in names. Each is reported at its pointer, all in one answer.
 async fn decoding_errors_have_pointers_and_come_together(server: &Server) {
-    server
-        .post("/v1/upstreams", &json!({ "name": "backend", "targets": [{ "url": "http://127.0.0.1:9001" }] }))
-        .await
-        .expect(201);
-    let before = server.version().await;
+    let before = server.backend().await;
     let api = json!({
         "name": "shop\u{0}",
         "upstream": "backend",
@@ -153,7 +152,7 @@ async fn decoding_errors_have_pointers_and_come_together(server: &Server) {
             { "request_size_limit": { "max_bytes": 1e3 } },
         ],
     });
-    let problem = server.post("/v1/apis", &api).await.problem(400, "invalid-body");
+    let problem = server.post("/v1/apis", &api).await.problem(422, "invalid-body");
     assert_eq!(
         pointers(&problem),
         [
@@ -168,12 +167,12 @@ async fn decoding_errors_have_pointers_and_come_together(server: &Server) {
     );
 
     let upstream = json!({ "name": "other", "targets": [{ "url": "http://127.0.0.1:9002", "weight": 5.0 }] });
-    let problem = server.post("/v1/upstreams", &upstream).await.problem(400, "invalid-body");
+    let problem = server.post("/v1/upstreams", &upstream).await.problem(422, "invalid-body");
     assert_eq!(pointers(&problem), ["/targets/0/weight"], "{problem}");
 
     // A duration that fits the grammar but not the clock is refused by the parser, still at its pointer.
     let api = json!({ "name": "shop", "upstream": "backend", "connect_timeout": "99999999999999999999999s" });
-    let problem = server.post("/v1/apis", &api).await.problem(400, "invalid-body");
+    let problem = server.post("/v1/apis", &api).await.problem(422, "invalid-body");
     assert_eq!(pointers(&problem), ["/connect_timeout"], "{problem}");
 
     // u32 fields refuse what does not fit 32 bits at the schema, which publishes the bound.
@@ -182,7 +181,7 @@ async fn decoding_errors_have_pointers_and_come_together(server: &Server) {
         "targets": [{ "url": "http://127.0.0.1:9002" }],
         "passive_health_check": { "consecutive_failures": 4_294_967_296_u64 },
     });
-    let problem = server.post("/v1/upstreams", &upstream).await.problem(400, "invalid-body");
+    let problem = server.post("/v1/upstreams", &upstream).await.problem(422, "invalid-body");
     assert_eq!(pointers(&problem), ["/passive_health_check/consecutive_failures"], "{problem}");
     assert_eq!(server.version().await, before, "nothing committed");
 }

@@ -33,10 +33,7 @@ async fn deep_bodies_are_refused_before_parsing(server: &Server) {
 
     // Ordinary nesting (a spec-bound API with policies, headers and flow collections) is well within the limit.
     let yaml = "name: shop\nupstream: backend\npolicies:\n  - headers: { request: { set: { x-a: \"[[[[\" } } }\n";
-    server
-        .post("/v1/upstreams", &json!({ "name": "backend", "targets": [{ "url": "http://127.0.0.1:9001" }] }))
-        .await
-        .expect(201);
+    server.backend().await;
     server.raw(Method::POST, "/v1/apis", "application/yaml", yaml).await.expect(201);
 }
 

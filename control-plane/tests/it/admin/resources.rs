@@ -93,7 +93,7 @@ async fn crud_of_every_collection(server: &Server) {
     let created = server.put("/v1/upstreams/fresh", &upstream("fresh")).await;
     created.expect(201);
     assert_eq!(created.header("location"), Some("/v1/upstreams/fresh"));
-    let mismatch = server.put("/v1/upstreams/fresh", &upstream("other")).await.problem(400, "invalid-body");
+    let mismatch = server.put("/v1/upstreams/fresh", &upstream("other")).await.problem(422, "invalid-body");
     assert_eq!(mismatch["errors"][0]["pointer"], "/name");
 }
 

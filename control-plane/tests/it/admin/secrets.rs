@@ -56,11 +56,11 @@ async fn secrets_never_come_back(server: &Server) {
     let short = server
         .put("/v1/consumers/bob", &json!({ "basic_auth": { "password": 12345 }, "api_keys": [{ "key": "sh0rtk" }] }))
         .await;
-    short.problem(400, "invalid-body");
+    short.problem(422, "invalid-body");
     bodies.push(short.text);
     // The minimum length is published in the schema, so a short key is refused with the other field errors.
     let short = server.put("/v1/consumers/bob", &json!({ "api_keys": [{ "key": "sh0rtk" }] })).await;
-    let problem = short.problem(400, "invalid-body");
+    let problem = short.problem(422, "invalid-body");
     assert_eq!(problem["errors"][0]["pointer"], "/api_keys/0/key", "{problem}");
     bodies.push(short.text);
 

@@ -174,6 +174,14 @@ impl Server {
         self.call(Method::DELETE, path, None).await
     }
 
+    /// Creates the upstream `backend` (to 127.0.0.1:9001) that the API scenarios point at; the version that
+    /// committed it.
+    pub async fn backend(&self) -> u64 {
+        let upstream = serde_json::json!({ "name": "backend", "targets": [{ "url": "http://127.0.0.1:9001" }] });
+        self.post("/v1/upstreams", &upstream).await.expect(201);
+        self.version().await
+    }
+
     /// The latest committed configuration version, from the snapshot history.
     pub async fn version(&self) -> u64 {
         let page = self.get("/v1/snapshots?limit=1").await.expect(200);
