@@ -186,7 +186,20 @@ pub struct PassiveHealthCheck {
     pub consecutive_failures: u32,
     #[serde(default = "thirty_seconds")]
     pub ejection: HumanDuration,
+    /// Which of the target's own answers count as failures, beside connect errors, resets and timeouts;
+    /// `[]` counts only those. Failures the client causes never count.
+    #[serde(default = "gateway_failures", skip_serializing_if = "is_gateway_failures")]
+    #[schema(example = json!([502, 503, 504]))]
+    pub unhealthy_statuses: Vec<FailureStatus>,
 }
+
+/// A 5xx status an upstream target answers with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[schema(minimum = 500, maximum = 599)]
+pub struct FailureStatus(pub u16);
+
+/// Envoy's "gateway failures": the answers of a target that is itself a proxy whose own upstream is failing.
+const GATEWAY_FAILURES: [FailureStatus; 3] = [FailureStatus(502), FailureStatus(503), FailureStatus(504)];
 
 /// TLS to the upstream's https:// targets.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -407,6 +420,12 @@ fn one_second() -> HumanDuration {
 }
 fn five_seconds() -> HumanDuration {
     HumanDuration::from_secs(5)
+}
+fn gateway_failures() -> Vec<FailureStatus> {
+    GATEWAY_FAILURES.to_vec()
+}
+fn is_gateway_failures(statuses: &[FailureStatus]) -> bool {
+    statuses == GATEWAY_FAILURES
 }
 fn thirty_seconds() -> HumanDuration {
     HumanDuration::from_secs(30)

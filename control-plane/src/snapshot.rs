@@ -214,6 +214,7 @@ fn upstream(upstream: &model::Upstream) -> v1::Upstream {
         passive_health_check: upstream.passive_health_check.as_ref().map(|p| v1::PassiveHealthCheck {
             consecutive_failures: p.consecutive_failures,
             ejection_ms: p.ejection.as_millis_u64(),
+            unhealthy_statuses: p.unhealthy_statuses.iter().map(|s| u32::from(s.0)).collect(),
         }),
         tls: upstream.tls.as_ref().map(|t| v1::UpstreamTls {
             ca_bundle_pem: t.ca_bundle.clone().unwrap_or_default(),
@@ -353,6 +354,25 @@ mod tests {
         assert_eq!(snapshot.upstreams.len(), 1, "one upstream shared by both APIs");
         assert_eq!(snapshot.upstreams[0].targets[0].url, "https://api.predic8.de");
         assert!(snapshot.apis.iter().all(|a| a.openapi.as_ref().is_some_and(|o| o.validate_requests)));
+    }
+
+    #[test]
+    fn a_passive_check_without_statuses_counts_the_gateway_failures() {
+        let secrets = SecretBox::from_key_material(&"00".repeat(32)).unwrap();
+        let upstream = |check: serde_json::Value| -> model::Upstream {
+            serde_json::from_value(serde_json::json!({
+                "name": "backend", "targets": [{ "url": "http://127.0.0.1:9001" }], "passive_health_check": check,
+            }))
+            .unwrap()
+        };
+        let statuses = |check: serde_json::Value| {
+            let config = Config { upstreams: vec![upstream(check)], ..Config::default() };
+            let snapshot = build_snapshot(&config, &secrets, &[0; 32], &SpecCache::default()).unwrap();
+            snapshot.upstreams[0].passive_health_check.as_ref().unwrap().unhealthy_statuses.clone()
+        };
+        assert_eq!(statuses(serde_json::json!({ "consecutive_failures": 3 })), [502, 503, 504]);
+        assert_eq!(statuses(serde_json::json!({ "consecutive_failures": 3, "unhealthy_statuses": [] })), [0u32; 0]);
+        assert_eq!(statuses(serde_json::json!({ "consecutive_failures": 3, "unhealthy_statuses": [500] })), [500]);
     }
 
     #[test]

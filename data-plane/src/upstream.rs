@@ -153,8 +153,8 @@ pub struct UpstreamPool {
     dialer: Dialer,
     /// TLS settings for `https://` targets (unused when there are none).
     tls: UpstreamTls,
-    /// (consecutive failures, ejection time); `None` disables passive ejection.
-    passive: Option<(u32, Duration)>,
+    /// `None` disables passive ejection.
+    passive: Option<PassiveHealth>,
     retry_budget: AtomicI64,
     health_task: Option<tokio::task::AbortHandle>,
     idle_sweep_task: Option<tokio::task::AbortHandle>,
@@ -230,10 +230,7 @@ impl UpstreamPool {
         let urls: Vec<&str> = targets.iter().map(|t| t.url.as_str()).collect();
         let weights: Vec<u32> = targets.iter().map(|t| t.weight).collect();
         let balancer = Balancer::new(spec, &urls, &weights)?;
-        let passive = spec.passive_health_check.as_ref().filter(|p| p.consecutive_failures > 0).map(|p| {
-            let ejection = if p.ejection_ms == 0 { DEFAULT_EJECTION } else { Duration::from_millis(p.ejection_ms) };
-            (p.consecutive_failures, ejection)
-        });
+        let passive = spec.passive_health_check.as_ref().filter(|p| p.consecutive_failures > 0).map(PassiveHealth::new);
         for t in &targets {
             t.report_health();
             t.report_in_flight(0);
@@ -288,17 +285,20 @@ impl UpstreamPool {
         self.balancer.pick(&TargetList(&self.targets), &ctx).map(|i| self.targets[i].clone())
     }
 
-    /// A request reached the target and got a non-gateway-error answer.
-    pub fn record_success(&self, target: &Target) {
-        if self.passive.is_some() {
+    /// The target answered: a failure if the upstream's passive check counts that status, a success otherwise.
+    pub fn record_answer(&self, target: &Target, status: http::StatusCode) {
+        let Some(passive) = &self.passive else { return };
+        if passive.counts(status) {
+            self.record_failure(target);
+        } else {
             target.consecutive_failures.store(0, Ordering::Relaxed);
         }
     }
 
-    /// A request to the target failed (connect error, timeout, 502/503/504):
+    /// The exchange with the target failed on the target's side (connect error, reset, timeout):
     /// eject it for a while once failures reach the threshold.
     pub fn record_failure(&self, target: &Target) {
-        let Some((threshold, ejection)) = self.passive else { return };
+        let Some(PassiveHealth { threshold, ejection, .. }) = self.passive else { return };
         let failures = target.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
         if failures >= threshold && target.ejected_until_ms.load(Ordering::Relaxed) == 0 {
             let until = now_ms() + ejection.as_millis() as u64;
@@ -323,6 +323,31 @@ impl UpstreamPool {
     }
 }
 
+/// Passive ejection settings of one upstream.
+#[derive(Debug, Clone, Copy)]
+struct PassiveHealth {
+    threshold: u32,
+    ejection: Duration,
+    /// Bit `n` set: status `500 + n` counts as a failure.
+    unhealthy_statuses: u128,
+}
+
+impl PassiveHealth {
+    fn new(spec: &v1::PassiveHealthCheck) -> PassiveHealth {
+        let ejection = if spec.ejection_ms == 0 { DEFAULT_EJECTION } else { Duration::from_millis(spec.ejection_ms) };
+        let unhealthy_statuses = spec
+            .unhealthy_statuses
+            .iter()
+            .filter_map(|s| s.checked_sub(500).filter(|n| *n < 100))
+            .fold(0u128, |bits, n| bits | 1 << n);
+        PassiveHealth { threshold: spec.consecutive_failures, ejection, unhealthy_statuses }
+    }
+
+    fn counts(&self, status: http::StatusCode) -> bool {
+        status.as_u16().checked_sub(500).is_some_and(|n| n < 100 && self.unhealthy_statuses & 1 << n != 0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -331,7 +356,11 @@ mod tests {
         v1::Upstream {
             name: "u".into(),
             targets: urls.iter().map(|u| v1::Target { url: u.to_string(), weight: 0 }).collect(),
-            passive_health_check: Some(v1::PassiveHealthCheck { consecutive_failures: 2, ejection_ms: 50 }),
+            passive_health_check: Some(v1::PassiveHealthCheck {
+                consecutive_failures: 2,
+                ejection_ms: 50,
+                unhealthy_statuses: vec![503],
+            }),
             ..Default::default()
         }
     }
@@ -390,11 +419,13 @@ mod tests {
         assert!((0..10).all(|_| pool.pick(None, &h).is_some_and(|t| t.url.ends_with(":2"))));
         std::thread::sleep(Duration::from_millis(60));
         assert!(t0.is_available());
-        // A success resets the failure count.
+        // An answer the check does not count resets the failure count; one it counts is a failure.
         pool.record_failure(&t0);
-        pool.record_success(&t0);
+        pool.record_answer(&t0, http::StatusCode::INTERNAL_SERVER_ERROR);
         pool.record_failure(&t0);
         assert!(t0.is_available());
+        pool.record_answer(&t0, http::StatusCode::SERVICE_UNAVAILABLE);
+        assert!(!t0.is_available());
     }
 
     #[test]

@@ -506,6 +506,13 @@ fn check_upstream(v: &mut Violations, upstream: &Upstream, certificates: &HashSe
             v.push(at("health_check/unhealthy_threshold"), "must be at least 1");
         }
     }
+    if let Some(passive) = &upstream.passive_health_check {
+        for (i, status) in passive.unhealthy_statuses.iter().enumerate() {
+            if !(500..=599).contains(status) {
+                v.push(at(&format!("passive_health_check/unhealthy_statuses/{i}")), "must be a 5xx status (500-599)");
+            }
+        }
+    }
     if let Some(tls) = &upstream.tls
         && !tls.client_certificate.is_empty()
         && !certificates.contains(tls.client_certificate.as_str())

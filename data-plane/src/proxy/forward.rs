@@ -203,14 +203,7 @@ fn send<'a>(
             let request = outgoing.for_target(&target, http2, api.preserve_host, may_retry)?;
             match tokio::time::timeout(api.request_timeout, pool.send(&target, request, api.connect_timeout)).await {
                 Ok(Ok(response)) => {
-                    if matches!(
-                        response.status(),
-                        StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT
-                    ) {
-                        pool.record_failure(&target);
-                    } else {
-                        pool.record_success(&target);
-                    }
+                    pool.record_answer(&target, response.status());
                     return Ok(finish_response(response, outgoing.client_upgrade.take(), in_flight, exchange));
                 }
                 Ok(Err(error)) => {

@@ -77,7 +77,12 @@ fn snapshot(upstream: &RecordingUpstream, apis: Vec<v1::Api>) -> v1::Snapshot {
     let backend = v1::Upstream {
         name: "backend".into(),
         targets: vec![v1::Target { url: upstream.url.clone(), weight: 1 }],
-        passive_health_check: Some(v1::PassiveHealthCheck { consecutive_failures: 2, ejection_ms: 60_000 }),
+        passive_health_check: Some(v1::PassiveHealthCheck {
+            consecutive_failures: 2,
+            ejection_ms: 60_000,
+            // What the control plane sends when `unhealthy_statuses` is left out.
+            unhealthy_statuses: vec![502, 503, 504],
+        }),
         ..Default::default()
     };
     v1::Snapshot { version: 1, apis, upstreams: vec![backend], ..Default::default() }
@@ -175,6 +180,12 @@ async fn upstream_failures_still_eject_the_target() -> Result<()> {
     // The other side of the rule: the target's own failures count.
     let upstream = RecordingUpstream::start().await?;
     let (_cp, dp) = gateway(snapshot(&upstream, vec![api("open", "/", vec![])]), &[]).await?;
+    // A status the check does not count (500 is not among the default statuses) is an answer, not a failure.
+    for _ in 0..3 {
+        let response = client().get(dp.url("/error?status=500")).send().await?;
+        assert_eq!(response.status().as_u16(), 500);
+    }
+    assert_eq!(dp.metric("sluice_upstream_healthy").await?, Some(1.0));
     for _ in 0..2 {
         let response = client().get(dp.url("/fail?status=503")).send().await?;
         assert_eq!(response.status().as_u16(), 503);

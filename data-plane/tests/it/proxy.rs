@@ -304,7 +304,11 @@ async fn upstream_failures_map_to_502_503_504_quickly() -> Result<()> {
     let dead = v1::Upstream {
         name: "dead".into(),
         targets: vec![v1::Target { url: format!("http://{closed}"), weight: 1 }],
-        passive_health_check: Some(v1::PassiveHealthCheck { consecutive_failures: 1, ejection_ms: 10_000 }),
+        passive_health_check: Some(v1::PassiveHealthCheck {
+            consecutive_failures: 1,
+            ejection_ms: 10_000,
+            unhealthy_statuses: vec![],
+        }),
         ..Default::default()
     };
     let s = snapshot(

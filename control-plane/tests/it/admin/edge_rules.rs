@@ -1,6 +1,7 @@
 //! Settings a data plane would refuse, or that would let a client harm others, are refused at write with the
 //! pointer of the field: an Argon2 password hash above the cost bounds both planes share (one login attempt would
-//! cost its memory), and CORS that allows any origin with credentials.
+//! cost its memory), CORS that allows any origin with credentials, and passive health checks counting answers that
+//! are not the target's failures.
 
 use serde_json::json;
 
@@ -9,6 +10,7 @@ use super::support::{Server, both};
 
 both!(costly_password_hashes_are_refused, costly_password_hashes_are_refused);
 both!(credentialed_any_origin_is_refused, credentialed_any_origin_is_refused);
+both!(passive_checks_count_only_5xx_answers, passive_checks_count_only_5xx_answers);
 
 /// A well-formed Argon2id PHC string with the given parameters.
 fn hash(params: &str) -> String {
@@ -65,4 +67,36 @@ async fn credentialed_any_origin_is_refused(server: &Server) {
         "policies": [{ "cors": { "allow_origins": ["*"] } }],
     });
     server.post("/v1/apis", &open).await.expect(201);
+}
+
+async fn passive_checks_count_only_5xx_answers(server: &Server) {
+    let upstream = |statuses: serde_json::Value| {
+        json!({
+            "name": "backend",
+            "targets": [{ "url": "http://127.0.0.1:9001" }],
+            "passive_health_check": { "consecutive_failures": 3, "unhealthy_statuses": statuses },
+        })
+    };
+    let before = server.version().await;
+    // A 4xx is the client's doing, and 600 is no status: counting either would let clients eject targets.
+    let problem = server.post("/v1/upstreams", &upstream(json!([503, 429, 600]))).await.problem(400, "invalid-body");
+    assert_eq!(
+        pointers(&problem),
+        ["/passive_health_check/unhealthy_statuses/1", "/passive_health_check/unhealthy_statuses/2"],
+        "{problem}"
+    );
+    assert_eq!(server.version().await, before, "nothing committed");
+
+    // Left out, it is the gateway failures (502, 503, 504) and reads back as left out; set, it reads back as set.
+    let plain = json!({
+        "name": "backend",
+        "targets": [{ "url": "http://127.0.0.1:9001" }],
+        "passive_health_check": { "consecutive_failures": 3 },
+    });
+    server.post("/v1/upstreams", &plain).await.expect(201);
+    let stored = server.get("/v1/upstreams/backend").await.expect(200);
+    assert_eq!(stored["passive_health_check"], json!({ "consecutive_failures": 3, "ejection": "30s" }), "{stored}");
+    server.put("/v1/upstreams/backend", &upstream(json!([500, 503]))).await.expect(200);
+    let stored = server.get("/v1/upstreams/backend").await.expect(200);
+    assert_eq!(stored["passive_health_check"]["unhealthy_statuses"], json!([500, 503]), "{stored}");
 }
