@@ -79,7 +79,7 @@ async fn passive_checks_count_only_5xx_answers(server: &Server) {
     };
     let before = server.version().await;
     // A 4xx is the client's doing, and 600 is no status: counting either would let clients eject targets.
-    let problem = server.post("/v1/upstreams", &upstream(json!([503, 429, 600]))).await.problem(400, "invalid-body");
+    let problem = server.post("/v1/upstreams", &upstream(json!([503, 429, 600]))).await.problem(422, "invalid-body");
     assert_eq!(
         pointers(&problem),
         ["/passive_health_check/unhealthy_statuses/1", "/passive_health_check/unhealthy_statuses/2"],
