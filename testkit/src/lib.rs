@@ -3,10 +3,12 @@
 //! test ends (also when the test fails); wait for a condition; the
 //! repository's examples; the shared
 //! services (`services`) and a fresh PostgreSQL database per test
-//! (`postgres`); and simulated data planes (`sim_node`) for fleet tests and
-//! the fleet benchmark.
+//! (`postgres`); simulated data planes (`sim_node`) for fleet tests and
+//! the fleet benchmark; and a raw HTTP/1.1 upstream that records what reached
+//! it (`raw_upstream`) for the gateway's conformance tests.
 
 pub mod postgres;
+pub mod raw_upstream;
 pub mod services;
 pub mod sim_node;
 

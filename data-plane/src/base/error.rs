@@ -34,6 +34,9 @@ pub enum ProxyError {
     InvalidHost(#[from] sluice_proto::host::HostError),
     #[error("{what} exceed the limit of {limit} bytes")]
     HeadersTooLarge { limit: u32, what: &'static str },
+    /// A `Transfer-Encoding` other than `chunked` alone (see `proxy::inbound`).
+    #[error("the transfer coding `{0}` is not supported; send the body with Content-Length or chunked alone")]
+    TransferCoding(String),
     /// The client's body failed on its way upstream (see [`ClientFault`]);
     /// the client's doing, so it never counts against the target.
     #[error("the client's request body failed: {0:?}")]
@@ -59,6 +62,7 @@ impl ProxyError {
             | ProxyError::InvalidPath(_)
             | ProxyError::InvalidHost(_)
             | ProxyError::HeadersTooLarge { .. }
+            | ProxyError::TransferCoding(_)
             | ProxyError::ClientBody(_) => Origin::Client,
             ProxyError::NoHealthyTarget { .. }
             | ProxyError::Connect { .. }
@@ -79,6 +83,7 @@ impl ProxyError {
             ProxyError::ClientBody(ClientFault::TimedOut) => StatusCode::REQUEST_TIMEOUT,
             ProxyError::ClientBody(ClientFault::TooLarge) => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            ProxyError::TransferCoding(_) => StatusCode::NOT_IMPLEMENTED,
             ProxyError::NotReady | ProxyError::NoHealthyTarget { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::Connect { .. } | ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -103,6 +108,7 @@ impl ProxyError {
             ProxyError::HeadersTooLarge { .. } => {
                 ("request-header-fields-too-large", "Request header fields too large", self.to_string())
             }
+            ProxyError::TransferCoding(_) => ("transfer-coding", "Transfer coding not implemented", self.to_string()),
             ProxyError::ClientBody(ClientFault::Broken) => {
                 ("bad-request", "Bad request", "The request body ended early or was malformed.".into())
             }
@@ -146,6 +152,11 @@ impl ProxyError {
             && let Ok(value) = HeaderValue::from_str(&allow.join(", "))
         {
             response.headers_mut().insert(header::ALLOW, value);
+        }
+        if let ProxyError::TransferCoding(_) = self {
+            // The body was framed by a list the client and the gateway may
+            // not read alike: nothing more is read from this connection.
+            response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         if matches!(self, ProxyError::NotReady | ProxyError::NoHealthyTarget { .. }) {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
@@ -201,6 +212,7 @@ mod tests {
             (ProxyError::Timeout { target: "http://10.0.0.1".into(), timeout_ms: 5 }, 504, "gateway-timeout", None),
             (ProxyError::ClientBody(ClientFault::TimedOut), 408, "request-timeout", None),
             (ProxyError::ClientBody(ClientFault::Broken), 400, "bad-request", None),
+            (ProxyError::TransferCoding("gzip, chunked".into()), 501, "transfer-coding", None),
         ];
         for (error, status, slug, allow) in cases {
             let response = error.to_response("/x", "abc");

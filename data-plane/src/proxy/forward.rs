@@ -315,6 +315,12 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if !headers.keys().any(|name| HOP_BY_HOP.contains(name) || name == header::UPGRADE) {
         return;
     }
+    // RFC 9112 §6.3: Transfer-Encoding frames a message that carries both; an
+    // intermediary must drop the Content-Length before passing it on (hyper
+    // frames the body again), or the next hop reads the body by the wrong one.
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        headers.remove(header::CONTENT_LENGTH);
+    }
     for name in named_in_connection(headers) {
         headers.remove(name);
     }
@@ -412,6 +418,19 @@ mod tests {
         strip_hop_by_hop(&mut h);
         let left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
         assert_eq!(left, vec!["x-end-to-end"]);
+    }
+
+    #[test]
+    fn transfer_encoding_drops_content_length() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("3"));
+        h.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        strip_hop_by_hop(&mut h);
+        assert!(h.is_empty(), "{h:?}");
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("3"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h[header::CONTENT_LENGTH], "3");
     }
 
     #[test]

@@ -76,6 +76,7 @@ pub(super) fn clean_headers(headers: &mut HeaderMap, limits: &HeaderLimits) -> R
     }
     let mut upgrade = None;
     if hop_by_hop {
+        only_chunked(headers)?;
         upgrade = upgrade_protocol(headers)
             .map(|protocol| Upgrade { protocol, http2_settings: headers.get(HTTP2_SETTINGS).cloned() });
         for name in named_in_connection(headers) {
@@ -99,6 +100,32 @@ pub(super) fn clean_headers(headers: &mut HeaderMap, limits: &HeaderLimits) -> R
         }
     }
     Ok(upgrade)
+}
+
+/// A request's `Transfer-Encoding` must be `chunked` alone. hyper frames the
+/// body by a list that ends in `chunked` and takes nothing else off it, and
+/// the forward re-frames the body for the upstream without the header, so
+/// another coding first (`gzip, chunked`) would reach the upstream still
+/// encoded with nothing saying so, and `chunked, chunked` would hand it one
+/// layer of chunk framing as data. RFC 9112 §6.1: a coding the gateway does
+/// not implement is answered 501. (hyper has already refused with 400 a list
+/// not ending in `chunked`, and any `Transfer-Encoding` on HTTP/1.0.)
+fn only_chunked(headers: &HeaderMap) -> Result<(), ProxyError> {
+    let mut codings = headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|value| value.as_bytes().split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|coding| !coding.is_empty());
+    match (codings.next(), codings.next()) {
+        (None, _) => Ok(()),
+        (Some(coding), None) if coding.eq_ignore_ascii_case(b"chunked") => Ok(()),
+        _ => {
+            let all = headers.get_all(header::TRANSFER_ENCODING).iter();
+            let listed: Vec<String> = all.map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()).collect();
+            Err(ProxyError::TransferCoding(listed.join(", ")))
+        }
+    }
 }
 
 /// Puts back a protocol switch the API allows: any, but `h2c` only where
@@ -214,6 +241,29 @@ mod tests {
         let mut map = headers(&[("x_custom", "1"), ("x-kept", "yes")]);
         clean_headers(&mut map, &HeaderLimits { underscores: true, ..DEFAULT_HEADER_LIMITS }).unwrap();
         assert_eq!(names(&map), ["x_custom", "x-kept"]);
+    }
+
+    #[test]
+    fn transfer_encoding_is_chunked_alone() {
+        let cases: &[(&[&str], bool)] = &[
+            (&["chunked"], true),
+            (&["Chunked "], true),
+            (&[], true),
+            (&["gzip, chunked"], false),
+            (&["chunked, chunked"], false),
+            (&["identity", "chunked"], false),
+            (&["chunked", "chunked"], false),
+            (&["chunked,"], true),
+        ];
+        for (values, allowed) in cases {
+            let pairs: Vec<(&str, &str)> = values.iter().map(|v| ("transfer-encoding", *v)).collect();
+            let mut map = headers(&pairs);
+            let result = clean_headers(&mut map, &DEFAULT_HEADER_LIMITS);
+            assert_eq!(result.is_ok(), *allowed, "{values:?}");
+            if !allowed {
+                assert!(matches!(result, Err(ProxyError::TransferCoding(_))), "{values:?}");
+            }
+        }
     }
 
     #[test]

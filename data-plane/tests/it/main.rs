@@ -12,6 +12,8 @@ mod compilable;
 mod hostile_clients;
 mod hostile_headers;
 mod hostile_paths;
+mod http1_requests;
+mod http1_responses;
 mod lifecycle;
 mod openapi;
 mod policies;
