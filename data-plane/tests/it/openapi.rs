@@ -12,14 +12,13 @@ use anyhow::{Context, Result};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use serde_json::Value;
 use sluice_proto::v1;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 use crate::gateway::Gateway;
+use crate::support::serve_http1;
 
 /// An upstream that plays the Fruitshop: records (method, path, body) and
 /// answers with a product, or with a broken one for `/products/8`.
@@ -35,17 +34,7 @@ impl Shop {
         let addr = listener.local_addr()?;
         let seen: Arc<Mutex<Vec<(String, String, Bytes)>>> = Arc::default();
         let log = seen.clone();
-        let task = tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let log = log.clone();
-                tokio::spawn(async move {
-                    let service = service_fn(move |req| answer(req, log.clone()));
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
+        let task = serve_http1(listener, move |req| answer(req, log.clone()));
         Ok(Shop { addr, seen, task })
     }
 

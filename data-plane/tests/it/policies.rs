@@ -16,8 +16,6 @@ use bytes::Bytes;
 use hmac::{Hmac, Mac as _};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::{Value, json};
 use sha2::Sha256;
@@ -29,7 +27,7 @@ use tokio::task::JoinHandle;
 
 use crate::fake_cp::{FakeControlPlane, seal};
 use crate::gateway::Gateway;
-use crate::support::{DataPlane, client, send};
+use crate::support::{DataPlane, client, send, serve_http1};
 
 const HMAC_KEY: &[u8] = b"cluster-api-key-hmac-key";
 const JWT_SECRET: &str = "ann-jwt-secret";
@@ -55,17 +53,7 @@ impl Recorder {
         let addr = listener.local_addr()?;
         let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
         let log = seen.clone();
-        let task = tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let log = log.clone();
-                tokio::spawn(async move {
-                    let service = service_fn(move |req| record(req, log.clone()));
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
+        let task = serve_http1(listener, move |req| record(req, log.clone()));
         Ok(Recorder { addr, seen, task })
     }
 

@@ -23,7 +23,7 @@ use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::gateway::Gateway;
-use crate::support::{client, metric_sum, send};
+use crate::support::{client, metric_sum, send, serve_http1};
 
 /// A relay for one connection to `target` that passes on the client's first
 /// `first` bytes alone, pauses, then relays the rest both ways.
@@ -64,25 +64,12 @@ impl Upstream {
         let addr = listener.local_addr()?;
         let (slow_arrived, slow_requests) = watch::channel(0);
         let slow_arrived = Arc::new(slow_arrived);
-        // Connections live in the JoinSet owned by the server task, so aborting
-        // the task closes them too: a killed upstream really goes away.
-        let task = tokio::spawn(async move {
-            let mut connections = JoinSet::new();
-            while let Ok((stream, _)) = listener.accept().await {
-                let slow_arrived = slow_arrived.clone();
-                connections.spawn(async move {
-                    let service = service_fn(move |req| {
-                        if req.uri().path().ends_with("/slow") {
-                            slow_arrived.send_modify(|n| *n += 1);
-                        }
-                        echo(name, req)
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .with_upgrades()
-                        .await;
-                });
+        // A killed upstream really goes away: aborting the task closes its connections.
+        let task = serve_http1(listener, move |req| {
+            if req.uri().path().ends_with("/slow") {
+                slow_arrived.send_modify(|n| *n += 1);
             }
+            echo(name, req)
         });
         Ok(Upstream { addr, slow_requests, task })
     }

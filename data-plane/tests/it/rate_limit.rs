@@ -212,24 +212,9 @@ impl CountingUpstream {
         let addr = listener.local_addr()?;
         let hits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counter = hits.clone();
-        let task = tokio::spawn(async move {
-            let mut connections = tokio::task::JoinSet::new();
-            while let Ok((stream, _)) = listener.accept().await {
-                let counter = counter.clone();
-                connections.spawn(async move {
-                    let service = hyper::service::service_fn(move |_req: http::Request<hyper::body::Incoming>| {
-                        counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                        async {
-                            Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Full::new(
-                                bytes::Bytes::from_static(b"ok"),
-                            )))
-                        }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                        .await;
-                });
-            }
+        let task = crate::support::serve_http1(listener, move |_req| {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async { Ok(http::Response::new(http_body_util::Full::new(bytes::Bytes::from_static(b"ok")))) }
         });
         Ok(CountingUpstream { addr, hits, task })
     }

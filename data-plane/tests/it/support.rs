@@ -3,10 +3,18 @@
 
 #![allow(dead_code)]
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::task::{JoinHandle, JoinSet};
 
 pub use sluice_testkit::{EPHEMERAL_DATA_PLANE_LISTENERS, Process, WAIT, eventually, metric_sum};
 
@@ -112,4 +120,26 @@ pub async fn send(request: reqwest::RequestBuilder) -> Result<(u16, reqwest::hea
 pub async fn unused_addr() -> Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     Ok(listener.local_addr()?)
+}
+
+/// Serves HTTP/1.1 (upgrades allowed) on `listener`, each request answered by `handle`: the in-process
+/// upstreams of the proxy, policy, OpenAPI and rate-limit tests. The connections live in a JoinSet owned by
+/// the returned task, so aborting it closes them too: a killed upstream really goes away.
+pub fn serve_http1<F, Fut>(listener: TcpListener, handle: F) -> JoinHandle<()>
+where
+    F: Fn(http::Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<http::Response<Full<Bytes>>, Infallible>> + Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut connections = JoinSet::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            let handle = handle.clone();
+            connections.spawn(async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service_fn(handle))
+                    .with_upgrades()
+                    .await;
+            });
+        }
+    })
 }
