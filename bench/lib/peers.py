@@ -23,18 +23,21 @@ def have_haproxy() -> bool:
     return shutil.which("haproxy") is not None
 
 
-def start_nginx(workdir: Path, cores: int, cpus: str | None, server_block: str, upstreams: str,
-                http_extra: str = "") -> tuple[procs.Proc, int]:
-    """nginx with `worker_processes` = the gateway's cores, keep-alive both ways, no access log."""
-    d = workdir / "nginx"
+def nginx_dirs(d: Path) -> None:
     for sub in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
         (d / sub).mkdir(parents=True, exist_ok=True)
-    port = procs.free_port()
-    conf = f"""
-user root;
+
+
+def nginx_conf(d: Path, cores: int, servers: list[str], upstreams: str, http_extra: str = "",
+               single_process: bool = False) -> str:
+    """The whole nginx.conf: keep-alive both ways, no access log, temp files in `d`. `single_process`: no
+    master, one worker in the foreground process itself (what bench/profile runs under callgrind)."""
+    processes = ("master_process off;\nworker_processes 1;" if single_process
+                 else f"user root;\nmaster_process on;\nworker_processes {cores};")
+    blocks = "\n".join(f"    server {{\n        {server}\n    }}" for server in servers)
+    return f"""
 daemon off;
-master_process on;
-worker_processes {cores};
+{processes}
 worker_rlimit_nofile 20000;
 pid {d}/nginx.pid;
 error_log {d}/error.log warn;
@@ -50,11 +53,18 @@ http {{
     keepalive_timeout 75s;
     {http_extra}
     {upstreams}
-    server {{
-        {server_block.replace("LISTEN_PORT", str(port))}
-    }}
+{blocks}
 }}
 """
+
+
+def start_nginx(workdir: Path, cores: int, cpus: str | None, server_block: str, upstreams: str,
+                http_extra: str = "") -> tuple[procs.Proc, int]:
+    """nginx with `worker_processes` = the gateway's cores, keep-alive both ways, no access log."""
+    d = workdir / "nginx"
+    nginx_dirs(d)
+    port = procs.free_port()
+    conf = nginx_conf(d, cores, [server_block.replace("LISTEN_PORT", str(port))], upstreams, http_extra)
     path = d / "nginx.conf"
     path.write_text(conf)
     proc = procs.start("nginx", ["nginx", "-c", str(path), "-p", str(d)], workdir, cpus=cpus,
@@ -90,11 +100,10 @@ def nginx_plain(workdir: Path, cores: int, cpus: str | None, targets: list[str],
     return start_nginx(workdir, cores, cpus, server, nginx_upstream("backend", targets))
 
 
-def nginx_secured(workdir: Path, cores: int, cpus: str | None, target: str, tls: Tls,
-                  htpasswd: Path) -> tuple[procs.Proc, int]:
-    """HTTPS in, auth_basic, a limit_req that never rejects, HTTPS (verified) to the upstream."""
-    proxy = PROXY_TO.format(scheme="https", upstream="backend_tls")
-    server = f"""listen 127.0.0.1:LISTEN_PORT ssl;
+def secured_server(tls: Tls, htpasswd: Path, upstream: str) -> str:
+    """HTTPS in, auth_basic, a limit_req that never rejects, HTTPS (verified) to `upstream`."""
+    proxy = PROXY_TO.format(scheme="https", upstream=upstream)
+    return f"""listen 127.0.0.1:LISTEN_PORT ssl;
         ssl_certificate {tls.cert};
         ssl_certificate_key {tls.key};
         ssl_protocols TLSv1.2 TLSv1.3;
@@ -111,22 +120,19 @@ def nginx_secured(workdir: Path, cores: int, cpus: str | None, target: str, tls:
             proxy_ssl_server_name on;
             proxy_ssl_session_reuse on;{proxy}
         }}"""
-    extra = "limit_req_zone $remote_user zone=per_consumer:10m rate=1000000r/s;"
-    return start_nginx(workdir, cores, cpus, server, nginx_upstream("backend_tls", [target]), extra)
 
 
-def start_haproxy(workdir: Path, cores: int, cpus: str | None, targets: list[str]) -> tuple[procs.Proc, int]:
-    """HAProxy in HTTP mode, `nbthread` = the gateway's cores, round robin, connection reuse, no logging."""
-    d = workdir / "haproxy"
-    d.mkdir(parents=True, exist_ok=True)
-    port = procs.free_port()
-    servers = "\n".join(f"    server s{i} {t}" for i, t in enumerate(targets))
-    conf = f"""
-global
-    nbthread {cores}
-    maxconn 8000
-    pidfile {d}/haproxy.pid
+PER_CONSUMER_ZONE = "limit_req_zone $remote_user zone=per_consumer:10m rate=1000000r/s;"
 
+
+def nginx_secured(workdir: Path, cores: int, cpus: str | None, target: str, tls: Tls,
+                  htpasswd: Path) -> tuple[procs.Proc, int]:
+    """HTTPS in, auth_basic, a limit_req that never rejects, HTTPS (verified) to the upstream."""
+    server = secured_server(tls, htpasswd, "backend_tls")
+    return start_nginx(workdir, cores, cpus, server, nginx_upstream("backend_tls", [target]), PER_CONSUMER_ZONE)
+
+
+HAPROXY_DEFAULTS = """
 defaults
     mode http
     timeout connect 5s
@@ -134,14 +140,35 @@ defaults
     timeout server 60s
     option http-keep-alive
     http-reuse always
+"""
 
+
+def haproxy_global(d: Path, threads: int) -> str:
+    return f"""
+global
+    nbthread {threads}
+    maxconn 8000
+    pidfile {d}/haproxy.pid
+"""
+
+
+def haproxy_servers(targets: list[str], prefix: str = "s", options: str = "") -> str:
+    return "\n".join(f"    server {prefix}{i} {t}{options}" for i, t in enumerate(targets))
+
+
+def start_haproxy(workdir: Path, cores: int, cpus: str | None, targets: list[str]) -> tuple[procs.Proc, int]:
+    """HAProxy in HTTP mode, `nbthread` = the gateway's cores, round robin, connection reuse, no logging."""
+    d = workdir / "haproxy"
+    d.mkdir(parents=True, exist_ok=True)
+    port = procs.free_port()
+    conf = f"""{haproxy_global(d, cores)}{HAPROXY_DEFAULTS}
 frontend fe
     bind 127.0.0.1:{port}
     default_backend be
 
 backend be
     balance roundrobin
-{servers}
+{haproxy_servers(targets)}
 """
     path = d / "haproxy.cfg"
     path.write_text(conf)

@@ -366,6 +366,8 @@ def markdown(results: dict, chart_name: str | None) -> str:
     if chart_name:
         lines += [f"![req/s and p99 per scenario and gateway]({chart_name})", ""]
     lines += ["## Targets at a glance", "", *targets_summary(results), ""]
+    if results.get("instructions"):
+        lines += section_instructions(results["instructions"])
     for name, s in results["scenarios"].items():
         if "error" in s:
             lines += [f"## {name}", "", f"Failed: `{s['error']}`", ""]
@@ -376,6 +378,32 @@ def markdown(results: dict, chart_name: str | None) -> str:
                 lines += [f"## {name}", "", f"(could not render: {e!r}; see latest.json)", ""]
     lines += notes()
     return "\n".join(lines) + "\n"
+
+
+def section_instructions(figures: dict) -> list[str]:
+    """bench/profile --gateways: instructions and allocations per request under callgrind."""
+    from .gateways import table
+    cases = "; ".join(f"`{name}`: {what}" for name, what in figures["cases"].items())
+    lines = [
+        "## Instructions per request (callgrind)",
+        "",
+        f"Measured by `bench/profile --gateways` on {figures['date']}, separately from the run above. Each gateway "
+        "alone under `valgrind --tool=callgrind`, on one thread (nginx `master_process off`, one worker; HAProxy "
+        "`nbthread 1`; Sluice one worker), upstream keep-alive, no per-request logging; "
+        f"{figures['connections']} keep-alive client connections at once, {figures['warmup']:,} requests of "
+        f"warm-up, then {figures['requests']:,} counted. User-space instructions (the kernel's share, socket "
+        "reads and writes, is much the same for each) and calls of malloc/calloc/realloc/posix_memalign per "
+        "request; these do not move with the machine's load. Cases: " + cases + ". In `secured` the counted "
+        "requests also pay for any TLS connection to the upstream a gateway opens meanwhile (valgrind also hides "
+        "the CPU's SHA extensions from all three).",
+        "",
+        *table(figures),
+        "",
+    ]
+    if "sluice" not in figures["gateways"]:
+        lines[-1:-1] = ["", "Sluice is not in this table yet: its figures need a release build of `sluice-dp` "
+                        "(`bench/profile --gateways`, which builds one)."]
+    return lines
 
 
 def targets_summary(results: dict) -> list[str]:

@@ -1,0 +1,51 @@
+"""callgrind from the benchmark's side: controlling a process that runs under `valgrind --tool=callgrind`
+(zero, dump) and reading what a dump holds (instructions, and heap allocation calls). Shared by bench/profile's
+per-policy figures and its side-by-side comparison of gateways."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+ALLOC_FUNCTIONS = {"malloc", "calloc", "realloc", "posix_memalign", "aligned_alloc", "memalign",  # glibc
+                   "mi_malloc_aligned", "mi_zalloc_aligned", "mi_realloc_aligned"}  # mimalloc
+
+
+def callgrind_control(*args: str) -> None:
+    subprocess.run(["callgrind_control", *args], check=True, capture_output=True, timeout=120)
+
+
+FUNCTION_REF = re.compile(r"^(c?fn)=\((\d+)\)(?: (.*))?$")
+
+
+def read_dump(path: Path):
+    """One callgrind dump as (kind, text) per line: kind "fn" (the function whose costs follow) or "cfn" (a
+    callee) with the function's name (a dump writes a name once, then only its number), else None with the
+    line as written."""
+    names: dict[str, str] = {}
+    with path.open(errors="replace") as f:
+        for line in f:
+            m = FUNCTION_REF.match(line.rstrip("\n")) if line.startswith(("fn=", "cfn=")) else None
+            if m is None:
+                yield None, line
+                continue
+            kind, ident, name = m.groups()
+            if name is not None:
+                names[ident] = name
+            yield kind, names.get(ident)
+
+
+def dump_costs(path: Path) -> tuple[int, int]:
+    """(instructions, allocation calls) of one callgrind dump."""
+    instructions = allocations = 0
+    callee = None
+    for kind, text in read_dump(path):
+        if kind == "cfn":
+            callee = text
+        elif kind is None and text.startswith("calls="):
+            if callee in ALLOC_FUNCTIONS:
+                allocations += int(text.split()[0].split("=")[1])
+        elif kind is None and text.startswith(("summary:", "totals:")):
+            instructions = int(text.split()[1])
+    return instructions, allocations
