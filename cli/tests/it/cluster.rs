@@ -51,9 +51,7 @@ async fn two_data_planes_route_balance_and_follow_changes() -> Result<()> {
             })),
         )
         .await?;
-    admin
-        .ok(Method::POST, "/v1/apis", Some(json!({ "name": "svc", "path_prefix": "/svc", "upstream": "pool" })))
-        .await?;
+    admin.create_api("svc", "/svc", "pool").await?;
 
     // The API created through the admin API is served by both nodes.
     for proxy in &proxies {
@@ -121,9 +119,7 @@ async fn two_data_planes_route_balance_and_follow_changes() -> Result<()> {
     ensure!(ids == ["dp-a", "dp-b"], "data planes: {listed}");
 
     // A change is live on every node, and traffic keeps flowing once the control plane is gone.
-    admin
-        .ok(Method::POST, "/v1/apis", Some(json!({ "name": "late", "path_prefix": "/late", "upstream": "pool" })))
-        .await?;
+    admin.create_api("late", "/late", "pool").await?;
     for proxy in &proxies {
         let url = format!("http://{proxy}/late/x");
         eventually("the new API on every node", || async { served_by(&client, &url).await.is_ok() }).await?;

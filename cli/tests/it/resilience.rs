@@ -107,9 +107,7 @@ async fn swaps_under_load_drop_nothing_and_in_flight_requests_finish_on_the_old_
 
     // A slow request started before a swap that removes its route completes on
     // the old table; one sent after the swap gets 404.
-    admin
-        .ok(Method::POST, "/v1/apis", Some(json!({ "name": "slow", "path_prefix": "/slow", "upstream": "pool" })))
-        .await?;
+    admin.create_api("slow", "/slow", "pool").await?;
     let slow_url = format!("http://{proxy}/slow/x");
     eventually("the slow API", || async { served_by(&client, &slow_url).await.is_ok() }).await?;
     // 2 s upstream delay: ample time for the swap to land while the request is in flight.
@@ -154,9 +152,7 @@ async fn a_snapshot_the_data_plane_cannot_compile_is_nacked_and_the_old_routes_k
     let client = reqwest::Client::builder().timeout(WAIT).build()?;
 
     admin.create_upstream("pool", a1).await?;
-    admin
-        .ok(Method::POST, "/v1/apis", Some(json!({ "name": "svc", "path_prefix": "/svc", "upstream": "pool" })))
-        .await?;
+    admin.create_api("svc", "/svc", "pool").await?;
     let url = format!("http://{}/svc/x", dp.addr("http_addr")?);
     eventually("the API on the data plane", || async { served_by(&client, &url).await.is_ok() }).await?;
     let good = admin.latest_version().await?;

@@ -174,6 +174,12 @@ impl Admin {
         self.ok(reqwest::Method::POST, "/v1/upstreams", Some(body)).await
     }
 
+    /// Creates an API routing `path_prefix` to `upstream`, without policies.
+    pub async fn create_api(&self, name: &str, path_prefix: &str, upstream: &str) -> Result<Value> {
+        let body = serde_json::json!({ "name": name, "path_prefix": path_prefix, "upstream": upstream });
+        self.ok(reqwest::Method::POST, "/v1/apis", Some(body)).await
+    }
+
     /// Sends and insists on a 2xx answer.
     pub async fn ok(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Result<Value> {
         let (status, body) = self.send(method, path, body).await?;

@@ -62,24 +62,15 @@ async fn an_uploaded_certificate_is_served_with_h2_and_replaced_on_the_next_hand
     let ca_pem = ca_cert.pem();
     let ca = Issuer::new(ca_params, ca_key);
 
+    // The default certificate: PUT creates it the first time and replaces it the second.
+    let upload = |chain: String, key: String| {
+        let certificate = json!({ "name": "e2e", "chain": chain, "key": key, "default": true });
+        admin.ok(Method::PUT, "/v1/certificates/e2e", Some(certificate))
+    };
     let (chain, key, first) = leaf(&ca, 1)?;
-    admin
-        .ok(
-            Method::POST,
-            "/v1/certificates",
-            Some(json!({ "name": "e2e", "chain": chain, "key": key, "default": true })),
-        )
-        .await?;
-    admin
-        .ok(
-            Method::POST,
-            "/v1/upstreams",
-            Some(json!({ "name": "pool", "targets": [{ "url": format!("http://{backend}") }] })),
-        )
-        .await?;
-    admin
-        .ok(Method::POST, "/v1/apis", Some(json!({ "name": "tls", "path_prefix": "/tls", "upstream": "pool" })))
-        .await?;
+    upload(chain, key).await?;
+    admin.create_upstream("pool", backend).await?;
+    admin.create_api("tls", "/tls", "pool").await?;
 
     eventually("the API over TLS", || async { matches!(handshake(&ca_pem, https).await, Ok((200, _, _))) }).await?;
     let (status, version, peer) = handshake(&ca_pem, https).await?;
@@ -89,13 +80,7 @@ async fn an_uploaded_certificate_is_served_with_h2_and_replaced_on_the_next_hand
 
     let (chain, key, second) = leaf(&ca, 2)?;
     ensure!(second != first);
-    admin
-        .ok(
-            Method::PUT,
-            "/v1/certificates/e2e",
-            Some(json!({ "name": "e2e", "chain": chain, "key": key, "default": true })),
-        )
-        .await?;
+    upload(chain, key).await?;
     eventually("the replaced certificate on a new handshake", || async {
         matches!(handshake(&ca_pem, https).await, Ok((200, _, peer)) if peer == second)
     })

@@ -5,8 +5,6 @@ use std::net::SocketAddr;
 
 use anyhow::{Context, Result, bail, ensure};
 use futures_util::{SinkExt, StreamExt};
-use reqwest::Method;
-use serde_json::json;
 use tokio::net::TcpListener;
 use tokio_tungstenite::tungstenite::Message;
 
@@ -47,10 +45,8 @@ async fn websocket_messages_echo_through_the_proxy_and_close_cleanly() -> Result
 
     admin.create_upstream("ws", ws_addr).await?;
     admin.create_upstream("http", a1).await?;
-    admin.ok(Method::POST, "/v1/apis", Some(json!({ "name": "ws", "path_prefix": "/ws", "upstream": "ws" }))).await?;
-    admin
-        .ok(Method::POST, "/v1/apis", Some(json!({ "name": "probe", "path_prefix": "/probe", "upstream": "http" })))
-        .await?;
+    admin.create_api("ws", "/ws", "ws").await?;
+    admin.create_api("probe", "/probe", "http").await?;
     let probe = format!("http://{proxy}/probe");
     eventually("the APIs on the data plane", || async { served_by(&client, &probe).await.is_ok() }).await?;
 
