@@ -128,6 +128,7 @@ fn policy(policy: &Policy) -> v1::Policy {
             leeway_seconds: p.leeway.map_or(0, |d| d.0.as_secs()),
             key_claim: p.key_claim.clone().unwrap_or_default(),
             jwks: p.jwks.clone().unwrap_or_default(),
+            jwks_url: p.jwks_url.clone().unwrap_or_default(),
             consumer_claim: p.consumer_claim.clone().unwrap_or_default(),
         }),
         Policy::RateLimit(p) => {

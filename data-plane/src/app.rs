@@ -21,6 +21,7 @@ use crate::ops;
 use crate::policy::PolicyContext;
 use crate::policy::auth_failures::{AuthFailures, LoginGuard};
 use crate::policy::rate_limit::{RateLimitContext, RateLimitError};
+use crate::policy::remote_jwks::RemoteJwksSources;
 use crate::proxy::{self, ProxyOptions, TlsSetupError, workers};
 use crate::routing::TableStore;
 use crate::settings::{self, Settings};
@@ -251,6 +252,8 @@ fn policy_context(settings: &Settings) -> Result<PolicyContext, AppError> {
         passwords: Arc::default(),
         trusted_proxies: settings.trusted_proxies.clone().into(),
     };
+    context.jwks_sources =
+        Arc::new(RemoteJwksSources::new(Duration::from_secs(settings.jwks_min_refresh_interval_secs)));
     Ok(context)
 }
 

@@ -15,6 +15,7 @@ mod jwt;
 pub mod password;
 pub mod rate_limit;
 mod rejection;
+pub mod remote_jwks;
 mod size_limit;
 
 use std::net::IpAddr;
@@ -49,6 +50,8 @@ pub struct PolicyContext {
     pub rate_limits: RateLimitContext,
     /// Authentication failure limits and the password pool.
     pub logins: LoginGuard,
+    /// The JWKS documents fetched from `jwt.jwks_url`s, kept across snapshots.
+    pub jwks_sources: Arc<remote_jwks::RemoteJwksSources>,
 }
 
 impl PolicyContext {
@@ -150,8 +153,10 @@ impl PolicyChain {
                         Some(Box::new(api_key::ApiKeyAuth::compile(spec, &api.name, snapshot).map_err(failed)?));
                 }
                 Kind::Jwt(spec) => {
-                    chain.auth.jwt =
-                        Some(Box::new(jwt::JwtAuth::compile(spec, &api.name, &snapshot.consumers).map_err(failed)?));
+                    chain.auth.jwt = Some(Box::new(
+                        jwt::JwtAuth::compile(spec, &api.name, &snapshot.consumers, &ctx.jwks_sources)
+                            .map_err(failed)?,
+                    ));
                 }
                 Kind::RateLimit(spec) => {
                     let old = previous.and_then(|p| p.rate_limit.as_ref());

@@ -9,6 +9,7 @@ use clap::{Parser, ValueEnum};
 
 use crate::policy::auth_failures::{DEFAULT_AUTH_FAILURE_LIMIT, DEFAULT_AUTH_FAILURE_WINDOW};
 use crate::policy::rate_limit::{Cidr, CidrError};
+use crate::policy::remote_jwks::DEFAULT_MIN_REFRESH_INTERVAL;
 use crate::proxy::{DEFAULT_CLIENT_BODY_TIMEOUT, DEFAULT_HEADER_LIMITS, DEFAULT_IDLE_TIMEOUT, HeaderLimits};
 use crate::sync::SyncTls;
 
@@ -105,6 +106,12 @@ pub struct Settings {
     #[arg(long, env = "SLUICE_AUTH_FAILURE_WINDOW_SECS", default_value_t = DEFAULT_AUTH_FAILURE_WINDOW.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
     pub auth_failure_window_secs: u64,
 
+    /// Least time between two early fetches of a `jwt.jwks_url` document, in
+    /// seconds: a token naming a `kid` the document lacks makes the data plane
+    /// fetch it again (the issuer may have rotated its keys), at most this often.
+    #[arg(long, env = "SLUICE_JWKS_MIN_REFRESH_INTERVAL_SECS", default_value_t = DEFAULT_MIN_REFRESH_INTERVAL.as_secs())]
+    pub jwks_min_refresh_interval_secs: u64,
+
     /// Interval of heartbeats to the control plane, in milliseconds.
     #[arg(long, env = "SLUICE_HEARTBEAT_MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub heartbeat_ms: u64,
@@ -173,6 +180,7 @@ impl Settings {
             trusted_proxies: Vec::new(),
             auth_failure_limit: DEFAULT_AUTH_FAILURE_LIMIT,
             auth_failure_window_secs: DEFAULT_AUTH_FAILURE_WINDOW.as_secs(),
+            jwks_min_refresh_interval_secs: DEFAULT_MIN_REFRESH_INTERVAL.as_secs(),
             heartbeat_ms: 5_000,
             shutdown_grace_secs: 30,
             client_idle_timeout_secs: DEFAULT_IDLE_TIMEOUT.as_secs(),

@@ -186,6 +186,14 @@ fn check_policy(v: &mut Violations, at: &str, policy: &Policy) {
                     v.push(format!("{at}/algorithms/{i}"), format!("unsupported algorithm `{alg}`"));
                 }
             }
+            if !p.jwks_url.is_empty() {
+                if !p.jwks.trim().is_empty() {
+                    v.push(format!("{at}/jwks_url"), "cannot be combined with `jwks`: give the document or its URL");
+                }
+                if let Err(message) = check_jwks_url(&p.jwks_url) {
+                    v.push(format!("{at}/jwks_url"), message);
+                }
+            }
         }
         Some(Kind::RateLimit(p)) => {
             if p.requests == 0 {
@@ -521,6 +529,23 @@ fn check_upstream(v: &mut Violations, upstream: &Upstream, certificates: &HashSe
     }
 }
 
+/// Where a data plane fetches an issuer's keys from: an absolute http(s) URL with a host and no credentials in it
+/// (they would be logged and shown like any setting).
+pub fn check_jwks_url(url: &str) -> Result<(), String> {
+    let uri: http::Uri = url.parse().map_err(|e| format!("`{}` is not a URL: {e}", url.escape_debug()))?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
+        return Err(format!("`{url}` must start with https:// or http://"));
+    }
+    let authority = uri.authority().map(http::uri::Authority::as_str).unwrap_or_default();
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(format!("`{url}` has no host"));
+    }
+    if authority.contains('@') {
+        return Err(format!("`{url}` must not hold credentials"));
+    }
+    Ok(())
+}
+
 fn check_target_url(url: &str) -> Result<(), String> {
     let uri: http::Uri = url.parse().map_err(|e| format!("`{url}` is not a URL: {e}"))?;
     match uri.scheme_str() {
@@ -672,6 +697,29 @@ mod tests {
         ] {
             assert_eq!(check_target_url(url).is_ok(), ok, "{url}");
         }
+    }
+
+    #[test]
+    fn a_jwks_url_is_an_http_url_without_credentials_and_never_beside_a_document() {
+        for good in ["https://idp.example/.well-known/jwks.json", "http://127.0.0.1:8080/keys"] {
+            assert_eq!(check_jwks_url(good), Ok(()), "{good}");
+        }
+        for bad in ["idp.example/jwks", "ftp://idp.example/jwks", "https://user:pw@idp.example/jwks", "https:///x"] {
+            assert!(check_jwks_url(bad).is_err(), "{bad}");
+        }
+        let jwt = |jwks: &str, jwks_url: &str| Policy {
+            kind: Some(Kind::Jwt(crate::v1::JwtAuth {
+                jwks: jwks.into(),
+                jwks_url: jwks_url.into(),
+                ..Default::default()
+            })),
+        };
+        let mut shop = api("shop", "backend");
+        shop.policies = vec![jwt(r#"{"keys":[]}"#, "https://idp.example/jwks")];
+        let mut other = api("other", "backend");
+        other.policies = vec![jwt("", "file:///etc/keys")];
+        let snapshot = Snapshot { apis: vec![shop, other], upstreams: vec![upstream("backend")], ..Default::default() };
+        assert_eq!(paths(&snapshot), ["/apis/shop/policies/0/jwt/jwks_url", "/apis/other/policies/0/jwt/jwks_url"]);
     }
 
     #[test]

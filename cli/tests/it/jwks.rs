@@ -1,6 +1,12 @@
 //! JWT verification against an issuer's JWKS document, end to end: the
 //! document is written through the admin API, checked by the control plane,
 //! pushed to a data plane and enforced there; rotating keys is another write.
+//! Or the API names the issuer's JWKS URL (`jwks_url`) and the data plane
+//! fetches it from an issuer served by the test, follows its key rotation and
+//! survives its outage.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result, bail, ensure};
 use jsonwebtoken::jwk::Jwk;
@@ -10,7 +16,7 @@ use reqwest::header::{CONTENT_TYPE, WWW_AUTHENTICATE};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
-use crate::support::{Admin, Process, all_applied, control_plane, data_plane, eventually, upstream};
+use crate::support::{Admin, Process, all_applied, control_plane, data_plane_with, eventually, upstream};
 
 const ISSUER: &str = "https://idp.example";
 const AUDIENCE: &str = "shop";
@@ -69,10 +75,11 @@ fn claims(sub: &str) -> Value {
 }
 
 fn api(jwks: &str) -> Value {
-    json!({
-        "name": "shop", "path_prefix": "/shop", "upstream": "backend",
-        "policies": [{ "jwt": { "jwks": jwks, "issuer": ISSUER, "audiences": [AUDIENCE] } }],
-    })
+    api_with(json!({ "jwks": jwks, "issuer": ISSUER, "audiences": [AUDIENCE] }))
+}
+
+fn api_with(jwt: Value) -> Value {
+    json!({ "name": "shop", "path_prefix": "/shop", "upstream": "backend", "policies": [{ "jwt": jwt }] })
 }
 
 /// A control plane, one data plane and an echo upstream behind the `shop`
@@ -80,6 +87,7 @@ fn api(jwks: &str) -> Value {
 struct Gateway {
     admin: Admin,
     url: String,
+    metrics_url: String,
     client: reqwest::Client,
     _processes: [Process; 3],
     _dir: TempDir,
@@ -87,15 +95,21 @@ struct Gateway {
 
 impl Gateway {
     async fn start(jwks: &str) -> Result<Self> {
+        Self::start_with(api(jwks), &[]).await
+    }
+
+    async fn start_with(api: Value, data_plane_flags: &[&str]) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let cp = control_plane(dir.path()).await?;
         let admin = Admin::new(cp.addr("admin_addr")?);
         let (backend, backend_addr) = upstream("backend", "127.0.0.1:0").await?;
-        let dp = data_plane(cp.addr("grpc_addr")?, "dp-jwks").await?;
+        let dp = data_plane_with(cp.addr("grpc_addr")?, "dp-jwks", data_plane_flags).await?;
         let url = format!("http://{}/shop/orders", dp.addr("http_addr")?);
+        let metrics_url = format!("http://{}/metrics", dp.addr("ops_addr")?);
         admin.create_upstream("backend", backend_addr).await?;
-        admin.ok(Method::POST, "/v1/apis", Some(api(jwks))).await?;
-        let gateway = Self { admin, url, client: reqwest::Client::new(), _processes: [cp, backend, dp], _dir: dir };
+        admin.ok(Method::POST, "/v1/apis", Some(api)).await?;
+        let gateway =
+            Self { admin, url, metrics_url, client: reqwest::Client::new(), _processes: [cp, backend, dp], _dir: dir };
         gateway.applied().await?;
         Ok(gateway)
     }
@@ -219,5 +233,134 @@ async fn a_malformed_jwks_is_refused_and_the_previous_keys_keep_serving() -> Res
     let stored = gateway.admin.ok(Method::GET, "/v1/apis/shop", None).await?;
     ensure!(stored["policies"][0]["jwt"]["jwks"] == jwks(&[&k1]), "the stored document changed: {stored}");
     ensure_consumer(&gateway.forwarded(&k1.sign(&claims("carol"))?, "k1 after the refusals").await?, "carol")?;
+    Ok(())
+}
+
+/// An identity provider's JWKS endpoint: serves whatever document the test
+/// publishes (or 500 while it has none), with a long `max-age`, and counts
+/// the fetches.
+struct Issuer {
+    document: Arc<Mutex<Option<String>>>,
+    fetches: Arc<AtomicUsize>,
+    url: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Issuer {
+    async fn start(keys: &[&IssuerKey]) -> Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}/.well-known/jwks.json", listener.local_addr()?);
+        let document = Arc::new(Mutex::new(Some(jwks(keys))));
+        let fetches = Arc::new(AtomicUsize::new(0));
+        let (served, counted) = (document.clone(), fetches.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let (served, counted) = (served.clone(), counted.clone());
+                let service = hyper::service::service_fn(move |_request| {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    let current = served.lock().map(|d| d.clone()).unwrap_or_default();
+                    let response = match current {
+                        Some(text) => http::Response::builder()
+                            .header("content-type", "application/jwk-set+json")
+                            .header("cache-control", "public, max-age=3600")
+                            .body(http_body_util::Full::new(bytes::Bytes::from(text))),
+                        None => http::Response::builder().status(500).body(http_body_util::Full::default()),
+                    };
+                    async move { response }
+                });
+                let io = hyper_util::rt::TokioIo::new(stream);
+                tokio::spawn(hyper::server::conn::http1::Builder::new().serve_connection(io, service));
+            }
+        });
+        Ok(Self { document, fetches, url, task })
+    }
+
+    fn publish(&self, document: Option<String>) {
+        if let Ok(mut held) = self.document.lock() {
+            *held = document;
+        }
+    }
+
+    fn fetches(&self) -> usize {
+        self.fetches.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Issuer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Gateway {
+    /// The data plane's `sluice_jwks_fetches_total` for one result.
+    async fn jwks_fetches(&self, result: &str) -> Result<f64> {
+        let text = self.client.get(&self.metrics_url).send().await?.text().await?;
+        let wanted = format!("result=\"{result}\"");
+        let lines = text.lines().filter(|line| line.starts_with("sluice_jwks_fetches_total") && line.contains(&wanted));
+        Ok(lines.filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok()).sum())
+    }
+}
+
+#[tokio::test]
+async fn keys_from_a_jwks_url_follow_rotation_and_outlive_an_outage() -> Result<()> {
+    let k1 = IssuerKey::generate("k1", Algorithm::ES256)?;
+    let k2 = IssuerKey::generate("k2", Algorithm::EdDSA)?;
+    let issuer = Issuer::start(&[&k1]).await?;
+    let interval = 2;
+    let jwt = json!({ "jwks_url": issuer.url, "issuer": ISSUER, "audiences": [AUDIENCE] });
+    // The failed-authentication limit is off: this client sends many refused tokens on purpose.
+    let flags = ["--jwks-min-refresh-interval-secs", &interval.to_string(), "--auth-failure-limit", "0"];
+    let gateway = Gateway::start_with(api_with(jwt), &flags).await?;
+    let stored = gateway.admin.ok(Method::GET, "/v1/apis/shop", None).await?;
+    ensure!(stored["policies"][0]["jwt"]["jwks_url"] == issuer.url.as_str(), "stored: {stored}");
+
+    // The data plane fetches the document itself.
+    let k1_token = k1.sign(&claims("carol"))?;
+    eventually("a token of the published key", || async {
+        gateway.forwarded(&k1_token, "k1 token").await.is_ok_and(|h| ensure_consumer(&h, "carol").is_ok())
+    })
+    .await?;
+
+    // The issuer rotates in k2: its first token names an unknown kid, which makes the data plane fetch again.
+    issuer.publish(Some(jwks(&[&k1, &k2])));
+    let k2_token = k2.sign(&claims("dave"))?;
+    eventually("a token of the rotated-in key", || async { gateway.forwarded(&k2_token, "k2 token").await.is_ok() })
+        .await?;
+
+    // Tokens naming unknown keys cannot make it hammer the issuer: early fetches are spaced by the interval.
+    let (started, before) = (std::time::Instant::now(), issuer.fetches());
+    for _ in 0..40 {
+        gateway.refused(&k1.sign_as("k9", &claims("carol"))?, "an unknown kid", "no known key").await?;
+    }
+    let allowed = 1 + started.elapsed().as_secs() as usize / interval;
+    ensure!(issuer.fetches() - before <= allowed, "{} fetches for 40 unknown kids", issuer.fetches() - before);
+
+    // The issuer fails: a failed fetch is counted, and the last good keys keep serving.
+    issuer.publish(None);
+    tokio::time::sleep(std::time::Duration::from_secs(interval as u64)).await;
+    let errors_before = gateway.jwks_fetches("error").await?;
+    gateway.refused(&k1.sign_as("k8", &claims("carol"))?, "an unknown kid", "no known key").await?;
+    eventually("a failed fetch counted", || async {
+        gateway.jwks_fetches("error").await.is_ok_and(|errors| errors > errors_before)
+    })
+    .await?;
+    ensure_consumer(&gateway.forwarded(&k1_token, "k1 during the outage").await?, "carol")?;
+    ensure_consumer(&gateway.forwarded(&k2.sign(&claims("erin"))?, "k2 during the outage").await?, "erin")?;
+    ensure!(gateway.jwks_fetches("ok").await? >= 2.0, "the successful fetches are counted");
+
+    // The control plane refuses a URL no data plane could use, and a URL beside a document.
+    for (jwt, what) in [
+        (json!({ "jwks_url": "file:///etc/jwks.json" }), "a file URL"),
+        (json!({ "jwks_url": "https://user:secret@idp.example/jwks" }), "credentials in the URL"),
+        (json!({ "jwks_url": issuer.url, "jwks": jwks(&[&k1]) }), "a URL and a document"),
+    ] {
+        let (status, problem) =
+            gateway.admin.send(Method::PATCH, "/v1/apis/shop", Some(json!({ "policies": [{ "jwt": jwt }] }))).await?;
+        ensure!(status == 422, "{what}: {status} {problem}");
+        let pointers: Vec<&str> =
+            problem["errors"].as_array().into_iter().flatten().filter_map(|e| e["pointer"].as_str()).collect();
+        ensure!(pointers == ["/apis/shop/policies/0/jwt/jwks_url"], "{what}: {problem}");
+    }
     Ok(())
 }

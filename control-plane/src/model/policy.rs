@@ -61,6 +61,12 @@ pub struct JwtPolicy {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(example = r#"{"keys":[{"kty":"OKP","crv":"Ed25519","kid":"idp-1","x":"..."}]}"#)]
     pub jwks: Option<String>,
+    /// URL of the issuer's JWKS document (instead of `jwks`): each data plane fetches it, refreshes it as its
+    /// `Cache-Control: max-age` says and when a token names an unknown `kid`, and keeps the last good keys
+    /// while the URL fails.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = "https://idp.example.com/.well-known/jwks.json")]
+    pub jwks_url: Option<String>,
     /// Claim naming the consumer of a token verified by the JWKS (default `sub`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub consumer_claim: Option<String>,

@@ -296,7 +296,9 @@ mod tests {
         Authentication {
             basic: Some(Box::new(BasicAuth::compile(&v1::BasicAuth::default(), "shop", &s.consumers, None).unwrap())),
             api_key: Some(Box::new(ApiKeyAuth::compile(&api_key, "shop", &s).unwrap())),
-            jwt: Some(Box::new(JwtAuth::compile(&v1::JwtAuth::default(), "shop", &s.consumers).unwrap())),
+            jwt: Some(Box::new(
+                JwtAuth::compile(&v1::JwtAuth::default(), "shop", &s.consumers, &Default::default()).unwrap(),
+            )),
             consumers: Arc::new(ConsumerTags::new(&s.consumers)),
             guard: LoginGuard::default(),
         }

@@ -8,10 +8,13 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use arc_swap::ArcSwap;
 use http::HeaderValue;
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use sluice_proto::{jwt as jwt_keys, v1};
+
+use super::remote_jwks::{RemoteJwks, RemoteJwksSources};
 
 struct ConsumerKey {
     consumer: Arc<str>,
@@ -50,6 +53,8 @@ pub struct JwtAuth {
     keys: HashMap<String, ConsumerKey>,
     /// A JWKS holds a handful of keys: a scan is as cheap as a map here.
     jwks: Vec<IssuerKey>,
+    /// `jwks_url`: the fetched document, and the keys read from it for this policy.
+    remote: Option<RemoteKeys>,
     consumer_claim: String,
     challenge: HeaderValue,
     leeway: u64,
@@ -164,8 +169,44 @@ pub enum JwtRejection {
     Invalid,
 }
 
+/// The keys of a `jwks_url` document as this policy reads them (its algorithms, issuer, audiences), re-read
+/// whenever the source holds a newer document.
+struct RemoteKeys {
+    source: Arc<RemoteJwks>,
+    spec: v1::JwtAuth,
+    accepted: Vec<Algorithm>,
+    keys: ArcSwap<(u64, Vec<IssuerKey>)>,
+}
+
+impl std::fmt::Debug for RemoteKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteKeys").field("url", &self.source.url()).finish_non_exhaustive()
+    }
+}
+
+impl RemoteKeys {
+    /// The keys of the newest document; empty before the first fetch succeeds.
+    fn current(&self) -> Arc<(u64, Vec<IssuerKey>)> {
+        let held = self.keys.load_full();
+        let Some(document) = self.source.document() else { return held };
+        if document.generation == held.0 {
+            return held;
+        }
+        // The document was checked when fetched; keys of algorithms this policy does not accept are left out.
+        let keys = issuer_keys(&self.spec, &document.text, &self.accepted).unwrap_or_default();
+        let fresh = Arc::new((document.generation, keys));
+        self.keys.store(fresh.clone());
+        fresh
+    }
+}
+
 impl JwtAuth {
-    pub fn compile(spec: &v1::JwtAuth, api: &str, consumers: &[v1::Consumer]) -> Result<Self, String> {
+    pub fn compile(
+        spec: &v1::JwtAuth,
+        api: &str,
+        consumers: &[v1::Consumer],
+        sources: &RemoteJwksSources,
+    ) -> Result<Self, String> {
         let accepted = spec
             .algorithms
             .iter()
@@ -191,13 +232,20 @@ impl JwtAuth {
         let challenge = HeaderValue::from_str(&format!("Bearer realm=\"{}\"", api.replace('"', "'")))
             .map_err(|_| format!("API name `{api}` cannot be sent in a header"))?;
         let key_claim = if spec.key_claim.is_empty() { "iss".to_string() } else { spec.key_claim.clone() };
-        let jwks = if spec.jwks.trim().is_empty() { Vec::new() } else { issuer_keys(spec, &accepted)? };
+        let jwks = if spec.jwks.trim().is_empty() { Vec::new() } else { issuer_keys(spec, &spec.jwks, &accepted)? };
+        let remote = (!spec.jwks_url.is_empty()).then(|| RemoteKeys {
+            source: sources.source(&spec.jwks_url),
+            spec: spec.clone(),
+            accepted: accepted.clone(),
+            keys: ArcSwap::from_pointee((0, Vec::new())),
+        });
         let consumer_claim =
             if spec.consumer_claim.is_empty() { "sub".to_string() } else { spec.consumer_claim.clone() };
         Ok(JwtAuth {
             key_claim,
             keys,
             jwks,
+            remote,
             consumer_claim,
             challenge,
             leeway: spec.leeway_seconds,
@@ -266,15 +314,23 @@ impl JwtAuth {
     /// every subject as a consumer would defeat the point of delegating
     /// identity to the issuer.
     fn verify_with_jwks(&self, token: &str, kid: Option<&str>) -> Result<(Verified, serde_json::Value), JwtRejection> {
+        let remote = self.remote.as_ref().map(RemoteKeys::current);
+        let keys = remote.as_ref().map_or(self.jwks.as_slice(), |held| held.1.as_slice());
         let key = match kid {
-            Some(kid) => self.jwks.iter().find(|k| k.kid.as_deref() == Some(kid)),
+            Some(kid) => keys.iter().find(|k| k.kid.as_deref() == Some(kid)),
             // Without a `kid` only a one-key set is unambiguous.
-            None => match self.jwks.as_slice() {
+            None => match keys {
                 [only] => Some(only),
                 _ => None,
             },
         };
-        let key = key.ok_or_else(|| JwtRejection::UnknownKey(self.key_claim.clone()))?;
+        let Some(key) = key else {
+            if let (Some(remote), Some(_)) = (&self.remote, kid) {
+                // The issuer may have rotated its keys since the last fetch.
+                remote.source.refresh_early();
+            }
+            return Err(JwtRejection::UnknownKey(self.key_claim.clone()));
+        };
         let data =
             jsonwebtoken::decode::<serde_json::Value>(token, &key.key, &key.validation).map_err(|e| rejection(&e))?;
         let subject = data
@@ -325,8 +381,8 @@ fn rejection(e: &jsonwebtoken::errors::Error) -> JwtRejection {
 
 /// Decoding keys of the policy's JWKS, as `sluice_proto::jwt::jwks_keys`
 /// accepts them (the control plane refuses what it refuses).
-fn issuer_keys(spec: &v1::JwtAuth, accepted: &[Algorithm]) -> Result<Vec<IssuerKey>, String> {
-    let keys = jwt_keys::jwks_keys(&spec.jwks, accepted).map_err(|e| e.to_string())?;
+fn issuer_keys(spec: &v1::JwtAuth, jwks: &str, accepted: &[Algorithm]) -> Result<Vec<IssuerKey>, String> {
+    let keys = jwt_keys::jwks_keys(jwks, accepted).map_err(|e| e.to_string())?;
     Ok(keys
         .into_iter()
         .filter_map(|found| {
@@ -398,7 +454,8 @@ mod tests {
             jwt_credentials: vec![credential("ann-iss", "HS256", "ann-secret", "")],
             ..Default::default()
         }];
-        let auth = JwtAuth::compile(&v1::JwtAuth::default(), "shop", &consumers).unwrap();
+        let auth =
+            JwtAuth::compile(&v1::JwtAuth::default(), "shop", &consumers, &RemoteJwksSources::default()).unwrap();
         let hs = EncodingKey::from_secret(b"ann-secret").unwrap();
         let ann = Verified::Consumer("ann".into());
         let t = now();
@@ -467,7 +524,7 @@ mod tests {
             },
         ];
         let spec = v1::JwtAuth { audiences: vec!["shop".into()], leeway_seconds: 30, ..Default::default() };
-        let auth = JwtAuth::compile(&spec, "shop", &consumers).unwrap();
+        let auth = JwtAuth::compile(&spec, "shop", &consumers, &RemoteJwksSources::default()).unwrap();
 
         let hs = EncodingKey::from_secret(b"ann-secret").unwrap();
         let ec_key = EncodingKey::from_ec_pem(ec.serialize_pem().as_bytes()).unwrap();
@@ -561,7 +618,7 @@ mod tests {
             ..Default::default()
         }];
         let spec = v1::JwtAuth { issuer: "https://idp.example".into(), key_claim: "sub".into(), ..Default::default() };
-        let auth = JwtAuth::compile(&spec, "shop", &consumers).unwrap();
+        let auth = JwtAuth::compile(&spec, "shop", &consumers, &RemoteJwksSources::default()).unwrap();
         let key = EncodingKey::from_secret(b"s").unwrap();
         let exp = now() + 60;
         let ok =
@@ -577,15 +634,37 @@ mod tests {
         let with = |c: v1::JwtCredential| {
             vec![v1::Consumer { username: "u".into(), jwt_credentials: vec![c], ..Default::default() }]
         };
-        let ok = JwtAuth::compile(&v1::JwtAuth::default(), "a", &with(credential("k", "HS256", "s", ""))).unwrap();
+        let ok = JwtAuth::compile(
+            &v1::JwtAuth::default(),
+            "a",
+            &with(credential("k", "HS256", "s", "")),
+            &RemoteJwksSources::default(),
+        )
+        .unwrap();
         assert_eq!(ok.keys.len(), 1);
         // A key of an algorithm the API does not accept is left out, not an error.
         let spec = v1::JwtAuth { algorithms: vec!["RS256".into()], ..Default::default() };
-        assert!(JwtAuth::compile(&spec, "a", &with(credential("k", "HS256", "s", ""))).unwrap().keys.is_empty());
-        let err =
-            JwtAuth::compile(&v1::JwtAuth::default(), "a", &with(credential("k", "RS256", "", "junk"))).unwrap_err();
+        assert!(
+            JwtAuth::compile(&spec, "a", &with(credential("k", "HS256", "s", "")), &RemoteJwksSources::default())
+                .unwrap()
+                .keys
+                .is_empty()
+        );
+        let err = JwtAuth::compile(
+            &v1::JwtAuth::default(),
+            "a",
+            &with(credential("k", "RS256", "", "junk")),
+            &RemoteJwksSources::default(),
+        )
+        .unwrap_err();
         assert!(err.contains("consumer `u` JWT key `k`"), "{err}");
-        let err = JwtAuth::compile(&v1::JwtAuth::default(), "a", &with(credential("k", "none", "", ""))).unwrap_err();
+        let err = JwtAuth::compile(
+            &v1::JwtAuth::default(),
+            "a",
+            &with(credential("k", "none", "", "")),
+            &RemoteJwksSources::default(),
+        )
+        .unwrap_err();
         assert!(err.contains("unsupported algorithm"), "{err}");
     }
 
@@ -620,7 +699,7 @@ mod tests {
             jwks: set,
             ..Default::default()
         };
-        let auth = JwtAuth::compile(&spec, "shop", &consumers).unwrap();
+        let auth = JwtAuth::compile(&spec, "shop", &consumers, &RemoteJwksSources::default()).unwrap();
         assert_eq!(auth.jwks.len(), 2);
         let t = now();
         let claims = |sub: &str, exp: i64| json!({"sub": sub, "iss": "https://idp.example", "aud": "shop", "exp": exp});
@@ -697,12 +776,12 @@ mod tests {
         let key = EncodingKey::from_ed_pem(ed.serialize_pem().as_bytes()).unwrap();
         let set = json!({"keys": [{"kty": "OKP", "crv": "Ed25519", "x": URL_SAFE_NO_PAD.encode(ed.public_key_raw())}]});
         let spec = v1::JwtAuth { jwks: set.to_string(), consumer_claim: "email".into(), ..Default::default() };
-        let auth = JwtAuth::compile(&spec, "shop", &[]).unwrap();
+        let auth = JwtAuth::compile(&spec, "shop", &[], &RemoteJwksSources::default()).unwrap();
         let token = sign(Algorithm::EdDSA, None, &json!({"email": "eve@example.com", "exp": now() + 60}), &key);
         assert_eq!(auth.verify(&token).unwrap(), Verified::Subject("eve@example.com".into()));
         // An API accepting only RS256 leaves the Ed25519 key out.
         let only_rs = v1::JwtAuth { algorithms: vec!["RS256".into()], ..spec.clone() };
-        assert!(JwtAuth::compile(&only_rs, "shop", &[]).unwrap().jwks.is_empty());
+        assert!(JwtAuth::compile(&only_rs, "shop", &[], &RemoteJwksSources::default()).unwrap().jwks.is_empty());
     }
 
     #[test]
@@ -715,7 +794,7 @@ mod tests {
         ];
         for (jwks, want) in cases {
             let spec = v1::JwtAuth { jwks: jwks.into(), ..Default::default() };
-            let err = JwtAuth::compile(&spec, "a", &[]).unwrap_err();
+            let err = JwtAuth::compile(&spec, "a", &[], &RemoteJwksSources::default()).unwrap_err();
             assert!(err.contains(want), "{jwks}: {err}");
         }
     }
