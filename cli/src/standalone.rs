@@ -105,6 +105,7 @@ pub async fn run(args: StandaloneArgs) -> anyhow::Result<()> {
     println!("{line}");
     eprintln!("Sluice is running.");
     eprintln!("  admin API:  {admin_url}   (OpenAPI UI at {admin_url}/docs)");
+    eprintln!("  dashboard:  {admin_url}/ui   (sign in with the admin token)");
     eprintln!("  proxy:      {proxy_url}");
     match generated_admin_token {
         Some(token) => eprintln!("  admin token (shown once, only its digest is stored): {token}"),

@@ -1,7 +1,7 @@
 //! The control plane's admin REST API (axum), the operators' way into the `Store`: CRUD on the named
 //! collections, snapshot history and rollback, the data planes' state, whole-config export/import, and the OpenAPI
-//! document generated from these handlers. Everything but the health probes and the docs needs the admin token;
-//! every error is an RFC 9457 problem.
+//! document generated from these handlers, and the web dashboard (`/ui`) that uses them. Everything but the health
+//! probes, the docs and the dashboard's static files needs the admin token; every error is an RFC 9457 problem.
 
 mod admin_tokens;
 mod auth;
@@ -15,6 +15,7 @@ mod document;
 mod error;
 mod metrics;
 mod snapshots;
+mod ui;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -104,6 +105,7 @@ pub fn router_with_parse_hook(state: AdminState, parse_hook: Option<ParseHook>) 
     let docs = SwaggerUi::new("/docs").config(SwaggerConfig::new(["/openapi.json"]));
     routes
         .merge(Router::from(docs))
+        .merge(ui::routes())
         .fallback(unknown_route)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(middleware::from_fn_with_state(admin.clone(), auth::authenticate))
@@ -231,8 +233,10 @@ async fn unknown_route(request: Request) -> AdminError {
     AdminError::NotFound { what: format!("route {}", request.uri().path()) }
 }
 
+/// The documented public paths, the Swagger UI's files and the dashboard's files (which hold no data: the page
+/// calls the API with the operator's token).
 fn is_public(path: &str) -> bool {
-    PUBLIC_PATHS.contains(&path) || path.starts_with("/docs/")
+    PUBLIC_PATHS.contains(&path) || path.starts_with("/docs/") || path == "/ui" || path.starts_with("/ui/")
 }
 
 /// Turns an error response that is not yet a problem (axum's 405, extractor rejections, the body limit's 413,

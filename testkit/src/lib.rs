@@ -4,13 +4,15 @@
 //! repository's examples; the shared
 //! services (`services`) and a fresh PostgreSQL database per test
 //! (`postgres`); simulated data planes (`sim_node`) for fleet tests and
-//! the fleet benchmark; and a raw HTTP/1.1 upstream that records what reached
-//! it (`raw_upstream`) for the gateway's conformance tests.
+//! the fleet benchmark; a raw HTTP/1.1 upstream that records what reached
+//! it (`raw_upstream`) for the gateway's conformance tests; and a WebDriver
+//! client for the browser tests (`webdriver`).
 
 pub mod postgres;
 pub mod raw_upstream;
 pub mod services;
 pub mod sim_node;
+pub mod webdriver;
 
 use std::ffi::OsStr;
 use std::net::SocketAddr;

@@ -3,6 +3,7 @@
 //! ports, talking over real sockets, gRPC and SQLite.
 
 mod cluster;
+mod dashboard;
 mod jwks;
 mod planes_tls;
 mod resilience;

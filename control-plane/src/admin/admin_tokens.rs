@@ -19,7 +19,29 @@ use super::{PROBLEM, Shared};
 use crate::tokens::{AdminToken, Principal, Role, check_token_name};
 
 pub fn routes() -> OpenApiRouter<Shared> {
-    OpenApiRouter::new().routes(routes!(list_tokens, create_token)).routes(routes!(revoke_token))
+    OpenApiRouter::new()
+        .routes(routes!(list_tokens, create_token))
+        .routes(routes!(revoke_token))
+        .routes(routes!(whoami))
+}
+
+/// The token a request was made with, as the server sees it.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Whoami {
+    /// The token's name (`admin-token` for the startup token); the history shows it as the author of its writes.
+    #[schema(example = "ci")]
+    pub name: String,
+    pub role: Role,
+}
+
+/// Any valid token may ask; the dashboard uses it to sign in and to offer write controls only to `admin` tokens
+/// (the API refuses other tokens' writes regardless).
+#[utoipa::path(
+    get, path = "/v1/whoami", tag = "tokens",
+    responses((status = 200, description = "The name and role of the token used (never the token itself)", body = Whoami)),
+)]
+async fn whoami(Extension(principal): Extension<Principal>) -> Json<Whoami> {
+    Json(Whoami { name: principal.name, role: principal.role })
 }
 
 /// A token to create.

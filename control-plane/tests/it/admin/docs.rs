@@ -1,5 +1,5 @@
-//! The OpenAPI document covers every mounted route (and every documented route is mounted), and the Swagger UI
-//! is served from the binary, with no network.
+//! The OpenAPI document covers every mounted route (and every documented route is mounted), the Swagger UI
+//! and the dashboard are served from the binary, with no network, and `/v1/whoami` names a token's role.
 
 use reqwest::Method;
 use serde_json::Value;
@@ -8,7 +8,7 @@ use super::support::{Server, both, reply};
 
 both!(openapi_documents_every_route, openapi_documents_every_route);
 
-/// Every route the admin router mounts, besides the Swagger UI under `/docs`.
+/// Every route the admin router mounts, besides the Swagger UI under `/docs` and the dashboard under `/ui`.
 const MOUNTED: &[(&str, &str)] = &[
     ("GET", "/healthz"),
     ("GET", "/metrics"),
@@ -53,6 +53,7 @@ const MOUNTED: &[(&str, &str)] = &[
     ("GET", "/v1/tokens"),
     ("POST", "/v1/tokens"),
     ("DELETE", "/v1/tokens/{name}"),
+    ("GET", "/v1/whoami"),
 ];
 
 async fn openapi_documents_every_route(server: &Server) {
@@ -130,5 +131,65 @@ async fn swagger_ui_is_served_offline() {
         }
     }
     let _: Value = reply(server.http.get(format!("{}/openapi.json", server.base))).await.json();
+    server.finish().await;
+}
+
+#[tokio::test]
+async fn the_dashboard_is_served_offline_with_strict_headers() {
+    let server = Server::sqlite().await;
+    // No token: the files hold no data. `/ui` and `/ui/` are the same page.
+    for path in ["/ui", "/ui/"] {
+        let page = reply(server.http.get(format!("{}{path}", server.base))).await;
+        assert_eq!(page.status.as_u16(), 200, "{path}");
+        assert_eq!(page.header("content-type"), Some("text/html; charset=utf-8"));
+        assert!(page.text.contains("/ui/app.js") && page.text.contains("/ui/style.css"), "{}", page.text);
+        assert!(!page.text.contains("://"), "the page loads nothing from elsewhere: {}", page.text);
+        let csp = page.header("content-security-policy").unwrap_or_default();
+        for directive in ["default-src 'self'", "script-src 'self'", "frame-ancestors 'none'", "connect-src 'self'"] {
+            assert!(csp.contains(directive), "{directive} in {csp}");
+        }
+        assert!(!csp.contains("unsafe-inline") && !csp.contains("unsafe-eval"), "{csp}");
+        assert_eq!(page.header("x-content-type-options"), Some("nosniff"));
+        assert_eq!(page.header("x-frame-options"), Some("DENY"));
+    }
+    for (file, kind) in [
+        ("app.js", "text/javascript"),
+        ("api.js", "text/javascript"),
+        ("dom.js", "text/javascript"),
+        ("pages.js", "text/javascript"),
+        ("snapshots.js", "text/javascript"),
+        ("edit.js", "text/javascript"),
+        ("style.css", "text/css"),
+    ] {
+        let served = reply(server.http.get(format!("{}/ui/{file}", server.base))).await;
+        assert_eq!(served.status.as_u16(), 200, "{file}");
+        assert!(served.header("content-type").is_some_and(|t| t.starts_with(kind)), "{file}");
+        assert!(served.header("content-security-policy").is_some(), "{file}");
+        assert!(!served.text.is_empty(), "{file}");
+    }
+    // Only the listed files: no other name, no way out of the list.
+    for path in ["/ui/nope.js", "/ui/..%2fCargo.toml", "/ui/app.js/x"] {
+        let missing = reply(server.http.get(format!("{}{path}", server.base))).await;
+        missing.problem(404, "not-found");
+    }
+    // The dashboard's pages are not part of the API's description.
+    let document = reply(server.http.get(format!("{}/openapi.json", server.base))).await.json();
+    assert!(document["paths"].as_object().is_some_and(|paths| paths.keys().all(|p| !p.starts_with("/ui"))));
+    server.finish().await;
+}
+
+#[tokio::test]
+async fn whoami_names_the_token_and_its_role_never_the_token() {
+    let server = Server::sqlite().await;
+    let me = server.get("/v1/whoami").await.expect(200);
+    assert_eq!(me, serde_json::json!({ "name": "admin-token", "role": "admin" }));
+    let created =
+        server.post("/v1/tokens", &serde_json::json!({ "name": "viewer", "role": "read-only" })).await.expect(201);
+    let token = created["token"].as_str().unwrap_or_default().to_owned();
+    let viewer = reply(server.http.get(format!("{}/v1/whoami", server.base)).bearer_auth(&token)).await;
+    assert_eq!(viewer.json(), serde_json::json!({ "name": "viewer", "role": "read-only" }));
+    assert!(!viewer.text.contains(&token));
+    let nobody = reply(server.http.get(format!("{}/v1/whoami", server.base)).bearer_auth("wrong")).await;
+    nobody.problem(401, "unauthorized");
     server.finish().await;
 }
