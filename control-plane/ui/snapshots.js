@@ -121,7 +121,11 @@ export function flatten(value, prefix = '', out = new Map()) {
 export function diffRows(left, right) {
   const a = flatten(left);
   const b = flatten(right);
-  const paths = [...new Set([...a.keys(), ...b.keys()])].sort();
+  // An empty list on one side and items on the other: the items' rows say it all.
+  const filledIn = (path, other) => [...other.keys()].some((key) => key.startsWith(`${path}/`));
+  const paths = [...new Set([...a.keys(), ...b.keys()])].sort()
+    .filter((path) => !((a.get(path) === '[]' || a.get(path) === '{}') && filledIn(path, b))
+      && !((b.get(path) === '[]' || b.get(path) === '{}') && filledIn(path, a)));
   return paths.map((path) => {
     const secret = isSecretField(path.split('/').pop());
     const before = a.get(path);
