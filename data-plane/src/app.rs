@@ -119,6 +119,7 @@ impl App {
                 idle_timeout: settings.client_idle_timeout(),
                 headers: settings.header_limits(),
                 client_body_timeout: settings.client_body_timeout(),
+                request_id_header: settings.request_id_header.clone(),
                 ..ProxyOptions::default()
             },
             shutdown_grace: settings.shutdown_grace(),
@@ -152,7 +153,7 @@ impl App {
 
         let listeners =
             workers::Listeners { http: self.http_listener, https: self.https_listener, tls: self.tls_config };
-        let ends = workers::start(listeners, self.tables.clone(), self.proxy_options, &proxy_stop)
+        let ends = workers::start(listeners, self.tables.clone(), self.proxy_options.clone(), &proxy_stop)
             .map_err(|source| AppError::Serve { listener: "proxy", source })?;
         let mut proxy: FuturesUnordered<_> = ends.into_iter().collect();
         let mut ops = tokio::spawn(ops::serve(self.ops_listener, self.tables.clone(), self.metrics, stopped()));

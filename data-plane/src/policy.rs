@@ -205,7 +205,8 @@ impl PolicyChain {
     /// that refuses answers with problem details, and the upstream sees
     /// nothing. `instance` is the request's path, for problem details and
     /// response validation: a copy, as the request's own URI shares the
-    /// client connection's read buffer. `consumer` is set once authentication
+    /// client connection's read buffer. `request_id` goes in every problem
+    /// body and log line of the request. `consumer` is set once authentication
     /// has named one (for the access log), even if a later policy refuses the
     /// request.
     #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see proxy::handle)")]
@@ -213,6 +214,7 @@ impl PolicyChain {
         &self,
         mut request: Request<RequestBody>,
         instance: &str,
+        request_id: &str,
         client_ip: IpAddr,
         consumer: &mut Option<Arc<str>>,
         forward: F,
@@ -234,7 +236,7 @@ impl PolicyChain {
                 None => HeaderMap::new(),
                 Some(CorsStep::Continue(headers)) => headers,
                 Some(CorsStep::Answer(response)) => return Ok(response),
-                Some(CorsStep::Reject(rejection)) => return Ok(self.rejected(rejection, instance)),
+                Some(CorsStep::Reject(rejection)) => return Ok(self.rejected(rejection, instance, request_id)),
             };
             let outcome = async {
                 // 2. IP restriction: the cheapest refusal, it reads nothing of the request.
@@ -245,15 +247,15 @@ impl PolicyChain {
                 //    that failed it too often is refused here, before any credential is checked.
                 *consumer = self.auth.authenticate(&mut request, client_ip).await?;
                 // 5. Rate limit after auth: anonymous floods get 401s without spending a consumer's quota.
-                let rate_headers = self.rate_limit(consumer.as_ref(), client_ip, request.headers()).await?;
+                let rate_headers = self.rate_limit(consumer.as_ref(), client_ip, request.headers(), request_id).await?;
                 // 6. Request header rules: after auth (they may use X-Consumer-Username), before validation sees them.
                 self.rewrite_request(request.headers_mut());
                 // 7. OpenAPI validation last: it may buffer the body, which only requests past every cheaper check deserve.
-                self.validate_request(&mut request, &body_limit).await?;
+                self.validate_request(&mut request, &body_limit, request_id).await?;
                 // Forward; a failure caused by the streaming size limit is the client's 413, not a 502.
                 let response = forward(request).await.map_err(|e| body_limit.explain(e))?;
                 // Response: validated as the upstream sent it, before the gateway's own changes.
-                let mut response = self.validate_response(&method, instance, response).await?;
+                let mut response = self.validate_response(&method, instance, request_id, response).await?;
                 self.rewrite_response(response.headers_mut());
                 // The gateway's RateLimit-* values replace any the upstream sent:
                 // the client must see the limit it is actually held to.
@@ -265,7 +267,7 @@ impl PolicyChain {
             .await;
             let mut response = match outcome {
                 Ok(response) => response,
-                Err(Stop::Reject(rejection)) => self.rejected(rejection, instance),
+                Err(Stop::Reject(rejection)) => self.rejected(rejection, instance, request_id),
                 Err(Stop::Respond(policy, response)) => {
                     self.count_rejection(policy, response.status());
                     response
@@ -286,9 +288,10 @@ impl PolicyChain {
         consumer: Option<&Arc<str>>,
         client_ip: IpAddr,
         headers: &HeaderMap,
+        request_id: &str,
     ) -> Result<Option<RateHeaders>, Stop> {
         let Some(limiter) = &self.rate_limit else { return Ok(None) };
-        match limiter.check(&RateKeyInput { consumer, client_ip, headers }).await {
+        match limiter.check(&RateKeyInput { consumer, client_ip, headers }, request_id).await {
             RateDecision::Allowed { headers } => Ok(Some(headers)),
             RateDecision::Limited { response } => Err(Stop::Respond("rate_limit", response)),
         }
@@ -306,9 +309,14 @@ impl PolicyChain {
         }
     }
 
-    async fn validate_request(&self, request: &mut Request<RequestBody>, limit: &BodyLimit) -> Result<(), Stop> {
+    async fn validate_request(
+        &self,
+        request: &mut Request<RequestBody>,
+        limit: &BodyLimit,
+        request_id: &str,
+    ) -> Result<(), Stop> {
         let Some(spec) = self.openapi.as_ref().filter(|s| s.validates_requests()) else { return Ok(()) };
-        let refuse = |failure: ValidationFailure| Stop::Respond("openapi", failure.into_response());
+        let refuse = |failure: ValidationFailure| Stop::Respond("openapi", failure.into_response(request_id));
         // Shared, not copied: the request is borrowed mutably while its body is buffered.
         let (method, uri) = (request.method().clone(), request.uri().clone());
         let matched = spec.match_request(&method, uri.path()).map_err(refuse)?;
@@ -323,6 +331,7 @@ impl PolicyChain {
         &self,
         method: &Method,
         path: &str,
+        request_id: &str,
         response: Response<ProxyBody>,
     ) -> Result<Response<ProxyBody>, Stop> {
         let Some(spec) = self.openapi.as_ref().filter(|s| s.validates_responses()) else { return Ok(response) };
@@ -333,7 +342,7 @@ impl PolicyChain {
         let bytes = match http_body_util::Limited::new(body, RESPONSE_BUFFER_LIMIT).collect().await {
             Ok(collected) => collected.to_bytes(),
             Err(e) => {
-                tracing::warn!(api = %self.api, error = %e, "upstream response could not be read for validation");
+                tracing::warn!(api = %self.api, request_id, error = %e, "upstream response could not be read for validation");
                 return Err(Stop::Reject(
                     Rejection::new("openapi", StatusCode::BAD_GATEWAY, "bad-gateway", "Bad gateway")
                         .detail("The upstream response could not be validated."),
@@ -341,8 +350,8 @@ impl PolicyChain {
             }
         };
         if let Err(failure) = spec.validate_response(method, path, parts.status, &parts.headers, &bytes) {
-            tracing::warn!(api = %self.api, %failure, "upstream response violates the API's spec");
-            return Err(Stop::Respond("openapi", failure.into_response()));
+            tracing::warn!(api = %self.api, request_id, %failure, "upstream response violates the API's spec");
+            return Err(Stop::Respond("openapi", failure.into_response(request_id)));
         }
         let mut response = Response::from_parts(parts, full_body(bytes));
         // The body is now whole: its length is known even if the upstream streamed it.
@@ -350,10 +359,10 @@ impl PolicyChain {
         Ok(response)
     }
 
-    fn rejected(&self, rejection: Rejection, instance: &str) -> Response<ProxyBody> {
+    fn rejected(&self, rejection: Rejection, instance: &str, request_id: &str) -> Response<ProxyBody> {
         self.count_rejection(rejection.policy, rejection.status);
-        tracing::debug!(api = %self.api, policy = rejection.policy, status = %rejection.status, detail = %rejection.detail, "request refused by policy");
-        rejection.into_response(instance)
+        tracing::debug!(api = %self.api, request_id, policy = rejection.policy, status = %rejection.status, detail = %rejection.detail, "request refused by policy");
+        rejection.into_response(instance, request_id)
     }
 
     fn count_rejection(&self, policy: &'static str, status: StatusCode) {
@@ -380,5 +389,5 @@ impl BodyLimit {
 fn apply_is_send(chain: &PolicyChain, request: Request<RequestBody>, consumer: &mut Option<Arc<str>>) {
     fn send<T: Send>(_: T) {}
     let forward = |_| async { Err::<Response<ProxyBody>, _>(ProxyError::NotReady) };
-    send(chain.apply(request, "/", IpAddr::from([127, 0, 0, 1]), consumer, forward));
+    send(chain.apply(request, "/", "-", IpAddr::from([127, 0, 0, 1]), consumer, forward));
 }

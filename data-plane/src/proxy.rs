@@ -21,7 +21,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
 use sluice_proto::path::PathError;
 use tokio::net::{TcpListener, TcpStream};
@@ -41,7 +41,7 @@ use idle::ActiveRequest;
 use log::Exchange;
 
 /// Settings of the proxy listener (from the data plane's settings).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ProxyOptions {
     /// Write one JSON line per request to stdout.
     pub access_log: bool,
@@ -55,10 +55,15 @@ pub struct ProxyOptions {
     /// The longest a client may take to send a request's whole body,
     /// counted from its head (see `client_body`).
     pub client_body_timeout: Duration,
+    /// The header carrying the request ID in both directions (see `base::RequestId`).
+    pub request_id_header: HeaderName,
 }
 
 /// How long an idle client connection is kept open unless configured.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The request-ID header unless configured.
+pub const DEFAULT_REQUEST_ID_HEADER: &str = "x-request-id";
 
 /// How long a client may take to send a request body unless configured.
 pub const DEFAULT_CLIENT_BODY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -78,6 +83,7 @@ impl Default for ProxyOptions {
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             headers: DEFAULT_HEADER_LIMITS,
             client_body_timeout: DEFAULT_CLIENT_BODY_TIMEOUT,
+            request_id_header: HeaderName::from_static(DEFAULT_REQUEST_ID_HEADER),
         }
     }
 }
@@ -108,8 +114,8 @@ async fn serve_listener(
     seat: Seat,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    let shared = Arc::new(Shared { tables, options });
     let protocols = Arc::new(Protocols::new(tls.is_some(), &options.headers));
+    let shared = Arc::new(Shared { tables, options });
     let (stop_tx, stop_rx) = watch::channel(false);
     // Every connection task holds a sender; `recv` returns None once all are gone.
     let (open_tx, mut open_rx) = mpsc::channel::<()>(1);
@@ -202,8 +208,12 @@ fn handle(
     active: ActiveRequest,
 ) -> impl Future<Output = Result<Response<LoggedBody>, Infallible>> {
     async move {
+        let mut request = request;
+        // First, so that every answer, even one refused before routing, carries the ID.
+        let (request_id, echo) = inbound::request_id(request.headers_mut(), &shared.options.request_id_header);
         let mut exchange = Exchange {
             active,
+            request_id,
             started: Instant::now(),
             method: request.method().clone(),
             path: request.uri().path().into(),
@@ -218,17 +228,20 @@ fn handle(
         let response = match route_and_forward(request, &shared, &peer, &mut exchange).await {
             Ok(response) => response,
             Err(error) => {
-                let request_id = format!("{:016x}", rand::random::<u64>());
+                let request_id = exchange.request_id.as_str();
                 match error.origin() {
-                    Origin::Client => debug!(%error, "request rejected"),
+                    Origin::Client => debug!(%error, request_id, "request rejected"),
                     Origin::Upstream => {
                         warn!(%error, request_id, api = exchange.api.as_ref().map(|api| api.name.as_str()), "upstream failure")
                     }
                     Origin::Internal => warn!(%error, request_id, "internal proxy error"),
                 }
-                error.to_response(&exchange.path, &request_id)
+                error.to_response(&exchange.path, request_id)
             }
         };
+        let mut response = response;
+        // The gateway's ID replaces any the upstream sent: the client must see the one in the logs.
+        response.headers_mut().insert(&shared.options.request_id_header, echo);
         exchange.status = response.status();
         Ok(response.map(|body| LoggedBody::new(body, exchange)))
     }
@@ -252,7 +265,7 @@ fn route_and_forward<'a>(
         let canonical = inbound::canonicalize_path(&mut request, exchange)?;
         // Before any policy: hop-by-hop headers, and those a client may not
         // send, are gone before auth or header rules set theirs.
-        let upgrade = inbound::clean_headers(request.headers_mut(), &shared.options.headers)?;
+        let upgrade = inbound::clean_headers(request.headers_mut(), &shared.options.headers, &shared.options.request_id_header)?;
         let host = inbound::request_host(&request)?;
         let host = host.as_ref().map(|host| host.name.as_ref());
         let routed = table.route(host, request.uri().path(), request.method());
@@ -287,11 +300,11 @@ fn route_and_forward<'a>(
         let request = client_body::watch(request, shared.options.client_body_timeout, started);
         let (api, options) = (api.as_ref(), &shared.options);
         let mut consumer = None;
-        let path = exchange.path.clone();
+        let (path, request_id) = (exchange.path.clone(), exchange.request_id);
         let result = {
             let exchange = &mut *exchange;
             api.policies
-                .apply(request, &path, peer.ip, &mut consumer, move |request| {
+                .apply(request, &path, request_id.as_str(), peer.ip, &mut consumer, move |request| {
                     forward::forward(api, request, raw_path, peer, options, exchange)
                 })
                 .await

@@ -6,11 +6,14 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+use http::HeaderName;
 
 use crate::policy::auth_failures::{DEFAULT_AUTH_FAILURE_LIMIT, DEFAULT_AUTH_FAILURE_WINDOW};
 use crate::policy::rate_limit::{Cidr, CidrError};
 use crate::policy::remote_jwks::DEFAULT_MIN_REFRESH_INTERVAL;
-use crate::proxy::{DEFAULT_CLIENT_BODY_TIMEOUT, DEFAULT_HEADER_LIMITS, DEFAULT_IDLE_TIMEOUT, HeaderLimits};
+use crate::proxy::{
+    DEFAULT_CLIENT_BODY_TIMEOUT, DEFAULT_HEADER_LIMITS, DEFAULT_IDLE_TIMEOUT, DEFAULT_REQUEST_ID_HEADER, HeaderLimits,
+};
 use crate::sync::SyncTls;
 
 /// An on/off switch spelled the way operators write it in env files.
@@ -81,6 +84,12 @@ pub struct Settings {
     /// One JSON line per request on stdout.
     #[arg(long, env = "SLUICE_ACCESS_LOG", value_enum, default_value = "on")]
     pub access_log: Switch,
+
+    /// The header carrying the request ID: a client's well-formed one is
+    /// kept, else the data plane makes one; it goes upstream, back to the
+    /// client, into the access log and every problem body.
+    #[arg(long, env = "SLUICE_REQUEST_ID_HEADER", default_value = DEFAULT_REQUEST_ID_HEADER, value_parser = parse_request_id_header)]
+    pub request_id_header: HeaderName,
 
     /// Redis for cluster-wide rate limits (`redis://host:6379`). Without it,
     /// `cluster_wide` limits are enforced per node.
@@ -176,6 +185,7 @@ impl Settings {
             node_id: None,
             snapshot_cache: None,
             access_log: Switch::On,
+            request_id_header: HeaderName::from_static(DEFAULT_REQUEST_ID_HEADER),
             redis_url: None,
             trusted_proxies: Vec::new(),
             auth_failure_limit: DEFAULT_AUTH_FAILURE_LIMIT,
@@ -252,6 +262,34 @@ impl Settings {
     }
 }
 
+/// A header name for request IDs; not one that frames or routes the message,
+/// describes one hop, or that the gateway sets itself.
+fn parse_request_id_header(text: &str) -> Result<HeaderName, String> {
+    const RESERVED: [&str; 16] = [
+        "host",
+        "content-length",
+        "content-type",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "upgrade",
+        "via",
+        "forwarded",
+        "x-forwarded-for",
+        "x-forwarded-proto",
+        "x-forwarded-host",
+        "x-consumer-username",
+    ];
+    let name = HeaderName::try_from(text.trim()).map_err(|e| format!("`{text}` is not a header name: {e}"))?;
+    if RESERVED.contains(&name.as_str()) || name.as_str().starts_with("ratelimit") {
+        return Err(format!("`{name}` is set or read by the gateway for another purpose"));
+    }
+    Ok(name)
+}
+
 /// `10.0.0.0/8, 192.168.1.1` -> CIDRs; blank entries are skipped.
 fn parse_cidr_list(text: &str) -> Result<Vec<Cidr>, CidrError> {
     text.split(',').map(str::trim).filter(|c| !c.is_empty()).map(str::parse).collect()
@@ -284,6 +322,16 @@ mod tests {
         assert_eq!(parsed.heartbeat_ms, built.heartbeat_ms);
         assert_eq!(parsed.header_limits(), built.header_limits());
         assert_eq!(parsed.header_limits(), crate::proxy::DEFAULT_HEADER_LIMITS);
+        assert_eq!(parsed.request_id_header, built.request_id_header);
+    }
+
+    #[test]
+    fn request_id_header_names() {
+        let parse = |name: &str| Settings::try_parse_from(["sluice-dp", "--request-id-header", name]);
+        assert_eq!(parse("X-Correlation-ID").unwrap().request_id_header, "x-correlation-id");
+        for refused in ["host", "Connection", "x-consumer-username", "x-forwarded-for", "bad name", ""] {
+            assert!(parse(refused).is_err(), "{refused}");
+        }
     }
 
     #[test]

@@ -135,7 +135,7 @@ impl ProxyError {
         }
     }
 
-    /// The problem-details response. `request_id` correlates a 5xx with its log line.
+    /// The problem-details response, naming the request's ID (as its log lines do).
     pub fn to_response(&self, instance: &str, request_id: &str) -> Response<ProxyBody> {
         let status = self.status();
         let (slug, title, detail) = self.describe();
@@ -145,7 +145,7 @@ impl ProxyError {
             status,
             detail: Some(&detail),
             instance: Some(instance),
-            request_id: status.is_server_error().then_some(request_id),
+            request_id: Some(request_id),
         }
         .into_response();
         if let ProxyError::MethodNotAllowed { allow, .. } = self
@@ -225,7 +225,7 @@ mod tests {
             assert!(body["type"].as_str().unwrap().ends_with(slug));
             // Internals (target addresses) never reach the client.
             assert!(!bytes.windows(8).any(|w| w == b"10.0.0.1"));
-            assert_eq!(body.get("request_id").is_some(), status >= 500);
+            assert_eq!(body["request_id"], "abc");
         }
     }
 }

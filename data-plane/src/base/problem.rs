@@ -29,7 +29,8 @@ pub struct Problem<'a> {
     /// The request path the problem is about.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instance: Option<&'a str>,
-    /// Correlates a 5xx with its log line.
+    /// The request's ID, as in its request-ID header, access log line and
+    /// error log lines.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub request_id: Option<&'a str>,
 }

@@ -45,6 +45,7 @@ struct ValidationProblem<'a> {
     detail: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     validation: Option<Validation<'a>>,
+    request_id: &'a str,
 }
 
 #[derive(Serialize)]
@@ -157,7 +158,7 @@ impl ValidationFailure {
     /// The problem-details response. A request failure names every violation
     /// so the client can fix them all at once; a response failure does not
     /// echo the upstream's data to the client (it is in the log instead).
-    pub fn into_response(self) -> Response<ProxyBody> {
+    pub fn into_response(self, request_id: &str) -> Response<ProxyBody> {
         let validation = (self.side == Side::Request).then(|| Validation {
             method: self.method.as_str(),
             uri_template: self.uri_template.as_deref(),
@@ -174,7 +175,8 @@ impl ValidationFailure {
                 ("Response validation failed", Some("The upstream's response does not match the API specification."))
             }
         };
-        let problem = ValidationProblem { slug: VALIDATION_SLUG, title, status: self.status, detail, validation };
+        let problem =
+            ValidationProblem { slug: VALIDATION_SLUG, title, status: self.status, detail, validation, request_id };
         let mut response = problem::respond(self.status, &problem);
         if !self.allow.is_empty() {
             let names: Vec<&str> = self.allow.iter().map(Method::as_str).collect();

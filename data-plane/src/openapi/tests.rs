@@ -224,7 +224,7 @@ async fn every_violation_is_listed_in_the_problem_body() {
     let v = fruitshop();
     let body = format!(r#"{{"name":"{}","price":5000,"vendors":"none"}}"#, "x".repeat(40));
     let failure = send(&v, "PUT", "/shop/v2/products/abc", JSON, &body).unwrap_err();
-    let response = failure.into_response();
+    let response = failure.into_response("r");
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
     assert_eq!(response.headers()[header::CONTENT_TYPE], "application/problem+json");
     let bytes = response.into_body().collect().await.unwrap().to_bytes();
@@ -240,6 +240,7 @@ async fn every_violation_is_listed_in_the_problem_body() {
     assert_eq!(problem["status"], 400);
     assert_eq!(problem["validation"]["method"], "PUT");
     assert_eq!(problem["validation"]["uriTemplate"], "/products/{id}");
+    assert_eq!(problem["request_id"], "r");
     let errors = problem["validation"]["errors"].as_object().unwrap();
     let mut locations: Vec<&str> = errors.keys().map(String::as_str).collect();
     locations.sort_unstable();
@@ -255,7 +256,7 @@ async fn every_violation_is_listed_in_the_problem_body() {
 #[tokio::test]
 async fn method_not_allowed_names_the_allowed_methods() {
     let v = fruitshop();
-    let response = send(&v, "DELETE", "/shop/v2/products", None, "").unwrap_err().into_response();
+    let response = send(&v, "DELETE", "/shop/v2/products", None, "").unwrap_err().into_response("r");
     assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
     assert_eq!(response.headers()[header::ALLOW], "GET, POST");
     let bytes = response.into_body().collect().await.unwrap().to_bytes();

@@ -323,7 +323,8 @@ impl RateLimiter {
     }
 
     /// Spends one request from the request's bucket.
-    pub async fn check(&self, input: &RateKeyInput<'_>) -> RateDecision {
+    /// `request_id` goes in the problem body of a refusal.
+    pub async fn check(&self, input: &RateKeyInput<'_>, request_id: &str) -> RateDecision {
         let key = self.key.derive(input, &self.trusted);
         let outcome = match &self.backend {
             Backend::Local(buckets) => buckets.check(&key, &self.limit),
@@ -331,7 +332,7 @@ impl RateLimiter {
                 let bucket = format!("{prefix}{}", key.redis_suffix());
                 match redis.check(&bucket, &self.limit).await {
                     Ok(outcome) => outcome,
-                    Err(failure) => return self.redis_unavailable(&failure),
+                    Err(failure) => return self.redis_unavailable(&failure, request_id),
                 }
             }
         };
@@ -341,7 +342,7 @@ impl RateLimiter {
             }
             Outcome::Limited { retry_after, reset } => {
                 metrics::counter!("sluice_rate_limited_total", "api" => self.api.clone()).increment(1);
-                RateDecision::Limited { response: self.too_many_requests(retry_after, reset) }
+                RateDecision::Limited { response: self.too_many_requests(retry_after, reset, request_id) }
             }
         }
     }
@@ -362,7 +363,7 @@ impl RateLimiter {
         }
     }
 
-    fn too_many_requests(&self, retry_after: Duration, reset: Duration) -> Response<ProxyBody> {
+    fn too_many_requests(&self, retry_after: Duration, reset: Duration, request_id: &str) -> Response<ProxyBody> {
         // Retry-After is whole seconds; rounding down could send the client
         // back before the bucket admits it, so round up and never say 0.
         let retry_secs = ceil_secs(retry_after).max(1);
@@ -371,14 +372,15 @@ impl RateLimiter {
             self.limit.requests,
             period_text(self.limit.period_seconds)
         );
-        let mut response = problem(StatusCode::TOO_MANY_REQUESTS, "rate-limited", "Too many requests", &detail);
+        let mut response =
+            problem(StatusCode::TOO_MANY_REQUESTS, "rate-limited", "Too many requests", &detail, request_id);
         let headers = response.headers_mut();
         self.headers(Some((0, reset.max(retry_after)))).write_to(headers);
         headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_secs));
         response
     }
 
-    fn redis_unavailable(&self, failure: &RedisFailure) -> RateDecision {
+    fn redis_unavailable(&self, failure: &RedisFailure, request_id: &str) -> RateDecision {
         metrics::counter!("sluice_rate_limit_redis_errors_total", "api" => self.api.clone()).increment(1);
         if self.should_warn() {
             warn!(
@@ -398,6 +400,7 @@ impl RateLimiter {
             "rate-limit-unavailable",
             "Rate limit unavailable",
             "The rate limit of this API cannot be checked right now; retry shortly.",
+            request_id,
         );
         let headers = response.headers_mut();
         headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
@@ -444,6 +447,6 @@ fn period_text(seconds: u64) -> String {
 }
 
 /// An RFC 9457 problem-details response.
-fn problem(status: StatusCode, slug: &str, title: &str, detail: &str) -> Response<ProxyBody> {
-    Problem { slug, title, status, detail: Some(detail), instance: None, request_id: None }.into_response()
+fn problem(status: StatusCode, slug: &str, title: &str, detail: &str, request_id: &str) -> Response<ProxyBody> {
+    Problem { slug, title, status, detail: Some(detail), instance: None, request_id: Some(request_id) }.into_response()
 }

@@ -32,14 +32,14 @@ impl Rejection {
         self
     }
 
-    pub fn into_response(self, instance: &str) -> Response<ProxyBody> {
+    pub fn into_response(self, instance: &str, request_id: &str) -> Response<ProxyBody> {
         let problem = Problem {
             slug: self.slug,
             title: self.title,
             status: self.status,
             detail: Some(&self.detail),
             instance: Some(instance),
-            request_id: None,
+            request_id: Some(request_id),
         };
         let mut response = problem.into_response();
         let headers = response.headers_mut();
@@ -62,7 +62,7 @@ mod tests {
         let mut rejection = Rejection::new("basic_auth", StatusCode::UNAUTHORIZED, "unauthorized", "Unauthorized")
             .detail("credentials are missing");
         rejection.headers.push((header::WWW_AUTHENTICATE, HeaderValue::from_static("Basic realm=\"x\"")));
-        let response = rejection.into_response("/shop/a");
+        let response = rejection.into_response("/shop/a", "r-1");
         assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
         assert_eq!(response.headers()[header::CONTENT_TYPE], "application/problem+json");
         assert_eq!(response.headers()[header::WWW_AUTHENTICATE], "Basic realm=\"x\"");
@@ -72,5 +72,6 @@ mod tests {
         assert_eq!(body["type"], "https://sluice.dev/problems/unauthorized");
         assert_eq!(body["instance"], "/shop/a");
         assert_eq!(body["detail"], "credentials are missing");
+        assert_eq!(body["request_id"], "r-1");
     }
 }

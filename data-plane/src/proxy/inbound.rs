@@ -7,6 +7,8 @@
 //! hop-by-hop headers (and every header `Connection` names) removed, and
 //! headers only the gateway may set dropped, all before any policy runs, so
 //! a client can neither delete nor forge what auth or header rules set.
+//! Before all of it, the request ID: the client's when well-formed, else a
+//! new one, so even a request refused here is answered with it.
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
@@ -16,7 +18,7 @@ use sluice_proto::path::canonical_path;
 
 use super::forward::{HOP_BY_HOP, named_in_connection, upgrade_protocol};
 use super::log::Exchange;
-use crate::base::ProxyError;
+use crate::base::{ProxyError, RequestId};
 use crate::policy::X_CONSUMER_USERNAME;
 
 /// What a client's request headers may be.
@@ -55,11 +57,36 @@ pub(super) struct Upgrade {
 
 const HTTP2_SETTINGS: HeaderName = HeaderName::from_static("http2-settings");
 
+/// The request's ID and the value echoed to the client. The client's one
+/// header named `name` is kept when it is a well-formed ID (so a caller's ID
+/// reaches the upstream and the logs as it sent it); absent, repeated or
+/// malformed, it is replaced by a new ID, in the request too, which then
+/// carries it upstream.
+pub(super) fn request_id(headers: &mut HeaderMap, name: &HeaderName) -> (RequestId, HeaderValue) {
+    let mut sent = headers.get_all(name).iter();
+    if let (Some(value), None) = (sent.next(), sent.next())
+        && let Some(id) = RequestId::parse(value.as_bytes())
+    {
+        // Shared, not copied: the response head that holds it is written long
+        // before the read buffer behind it is reused.
+        return (id, value.clone());
+    }
+    let id = RequestId::make();
+    let value = id.to_header();
+    headers.insert(name, value.clone());
+    (id, value)
+}
+
 /// The inbound header stage. Returns the protocol the client asks to switch
 /// to, for [`restore_upgrade`] once the API is known. One pass over the
 /// headers finds what needs doing; a request with nothing to remove, the
-/// usual case, is left alone.
-pub(super) fn clean_headers(headers: &mut HeaderMap, limits: &HeaderLimits) -> Result<Option<Upgrade>, ProxyError> {
+/// usual case, is left alone. The request-ID header stays even when the
+/// client names it in `Connection`: the gateway set or checked it.
+pub(super) fn clean_headers(
+    headers: &mut HeaderMap,
+    limits: &HeaderLimits,
+    request_id: &HeaderName,
+) -> Result<Option<Upgrade>, ProxyError> {
     let (mut total, mut hop_by_hop, mut underscores, mut gateway_set) = (0usize, false, false, false);
     for (name, value) in headers.iter() {
         let size = name.as_str().len() + value.len();
@@ -80,7 +107,7 @@ pub(super) fn clean_headers(headers: &mut HeaderMap, limits: &HeaderLimits) -> R
         upgrade = upgrade_protocol(headers)
             .map(|protocol| Upgrade { protocol, http2_settings: headers.get(HTTP2_SETTINGS).cloned() });
         for name in named_in_connection(headers) {
-            if !FRAMING.contains(&name) {
+            if !FRAMING.contains(&name) && name != request_id {
                 headers.remove(name);
             }
         }
@@ -222,6 +249,37 @@ mod tests {
         map.keys().map(HeaderName::as_str).collect()
     }
 
+    const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+    #[test]
+    fn request_id_is_the_clients_when_well_formed() {
+        // One well-formed value: kept, and echoed as sent.
+        let mut map = headers(&[("x-request-id", "abc-123")]);
+        let (id, echo) = request_id(&mut map, &X_REQUEST_ID);
+        assert_eq!((id.as_str(), echo.to_str().unwrap()), ("abc-123", "abc-123"));
+        assert_eq!(map.get_all(&X_REQUEST_ID).iter().collect::<Vec<_>>(), ["abc-123"]);
+        // Absent, malformed, too long or repeated: replaced by a new one in the request too.
+        let long = "a".repeat(65);
+        for sent in [&[][..], &["a b"], &["<x>"], &[long.as_str()], &["one", "two"]] {
+            let mut map = HeaderMap::new();
+            for value in sent {
+                map.append(X_REQUEST_ID, HeaderValue::from_str(value).unwrap());
+            }
+            let (id, echo) = request_id(&mut map, &X_REQUEST_ID);
+            assert_eq!(id.as_str().len(), 26, "{sent:?}");
+            assert_eq!(echo, id.as_str());
+            assert_eq!(map.get_all(&X_REQUEST_ID).iter().collect::<Vec<_>>(), [id.as_str()], "{sent:?}");
+        }
+        // A configured name is the one read.
+        let trace = HeaderName::from_static("x-trace");
+        let mut map = headers(&[("x-trace", "t1"), ("x-request-id", "other")]);
+        assert_eq!(request_id(&mut map, &trace).0.as_str(), "t1");
+        // Naming it in Connection does not take it away from the upstream.
+        let mut map = headers(&[("connection", "x-request-id"), ("x-request-id", "abc")]);
+        clean_headers(&mut map, &DEFAULT_HEADER_LIMITS, &X_REQUEST_ID).unwrap();
+        assert_eq!(names(&map), ["x-request-id"]);
+    }
+
     #[test]
     fn hop_by_hop_and_gateway_headers_go_before_any_policy() {
         let mut map = headers(&[
@@ -235,11 +293,11 @@ mod tests {
             ("host", "a.example"),
             ("x-kept", "yes"),
         ]);
-        assert!(clean_headers(&mut map, &DEFAULT_HEADER_LIMITS).unwrap().is_none());
+        assert!(clean_headers(&mut map, &DEFAULT_HEADER_LIMITS, &X_REQUEST_ID).unwrap().is_none());
         assert_eq!(names(&map), ["transfer-encoding", "host", "x-kept"]);
 
         let mut map = headers(&[("x_custom", "1"), ("x-kept", "yes")]);
-        clean_headers(&mut map, &HeaderLimits { underscores: true, ..DEFAULT_HEADER_LIMITS }).unwrap();
+        clean_headers(&mut map, &HeaderLimits { underscores: true, ..DEFAULT_HEADER_LIMITS }, &X_REQUEST_ID).unwrap();
         assert_eq!(names(&map), ["x_custom", "x-kept"]);
     }
 
@@ -258,7 +316,7 @@ mod tests {
         for (values, allowed) in cases {
             let pairs: Vec<(&str, &str)> = values.iter().map(|v| ("transfer-encoding", *v)).collect();
             let mut map = headers(&pairs);
-            let result = clean_headers(&mut map, &DEFAULT_HEADER_LIMITS);
+            let result = clean_headers(&mut map, &DEFAULT_HEADER_LIMITS, &X_REQUEST_ID);
             assert_eq!(result.is_ok(), *allowed, "{values:?}");
             if !allowed {
                 assert!(matches!(result, Err(ProxyError::TransferCoding(_))), "{values:?}");
@@ -275,7 +333,7 @@ mod tests {
             [("websocket", false, true), ("h2c", false, false), ("H2C", false, false), ("h2c", true, true)]
         {
             let mut map = upgrade(protocol);
-            let found = clean_headers(&mut map, &DEFAULT_HEADER_LIMITS).unwrap();
+            let found = clean_headers(&mut map, &DEFAULT_HEADER_LIMITS, &X_REQUEST_ID).unwrap();
             assert!(map.is_empty(), "{protocol}: {map:?}");
             restore_upgrade(&mut map, found, allow_h2c);
             assert_eq!(map.get(header::UPGRADE).is_some(), kept, "{protocol} {allow_h2c}");
@@ -288,12 +346,12 @@ mod tests {
         let limits = HeaderLimits { total: 1000, field: 300, underscores: false };
         let big = "x".repeat(300);
         let mut one = headers(&[("x-big", big.as_str())]);
-        assert!(matches!(clean_headers(&mut one, &limits), Err(ProxyError::HeadersTooLarge { limit: 300, .. })));
+        assert!(matches!(clean_headers(&mut one, &limits, &X_REQUEST_ID), Err(ProxyError::HeadersTooLarge { limit: 300, .. })));
         let value = "x".repeat(250);
         let mut many = headers(&[("a", &value), ("b", &value), ("c", &value), ("d", &value)]);
-        assert!(matches!(clean_headers(&mut many, &limits), Err(ProxyError::HeadersTooLarge { limit: 1000, .. })));
+        assert!(matches!(clean_headers(&mut many, &limits, &X_REQUEST_ID), Err(ProxyError::HeadersTooLarge { limit: 1000, .. })));
         let mut fine = headers(&[("a", &value), ("b", &value), ("c", &value)]);
-        assert!(clean_headers(&mut fine, &limits).is_ok());
+        assert!(clean_headers(&mut fine, &limits, &X_REQUEST_ID).is_ok());
     }
 
     fn request(version: Version, uri: &str, hosts: &[&str]) -> Request<()> {

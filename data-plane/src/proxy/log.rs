@@ -15,7 +15,7 @@ use http_body::{Body, Frame, SizeHint};
 use serde::Serialize;
 
 use super::idle::ActiveRequest;
-use crate::base::{ProxyBody, UNROUTED};
+use crate::base::{ProxyBody, RequestId, UNROUTED};
 use crate::routing::{CompiledApi, RoutingTable};
 use crate::upstream::{InFlight, Target};
 
@@ -25,6 +25,7 @@ use crate::upstream::{InFlight, Target};
 pub struct Exchange {
     /// Counts the request as in flight on its connection until the response ends.
     pub active: ActiveRequest,
+    pub request_id: RequestId,
     pub started: Instant,
     pub method: Method,
     /// The request's path, copied: a query string may carry secrets (API
@@ -47,6 +48,7 @@ pub struct Exchange {
 #[derive(Serialize)]
 struct Line<'a> {
     time: String,
+    request_id: &'a RequestId,
     api: Option<&'a str>,
     method: &'a str,
     path: &'a str,
@@ -119,6 +121,7 @@ fn report(exchange: &Exchange, bytes: u64) {
     }
     let line = Line {
         time: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        request_id: &exchange.request_id,
         api: exchange.api.as_ref().map(|api| api.name.as_str()),
         method: exchange.method.as_str(),
         path: &exchange.path,

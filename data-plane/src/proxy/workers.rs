@@ -59,7 +59,7 @@ pub fn start(
     for index in 0..count {
         let (http, https) = (http.try_clone()?, https.try_clone()?);
         let seat = balance.seat(index);
-        let (tables, tls) = (tables.clone(), listeners.tls.clone());
+        let (tables, tls, options) = (tables.clone(), listeners.tls.clone(), options.clone());
         let (drain, end) = (stop.drain.clone(), stop.end.clone());
         let (end_tx, end_rx) = oneshot::channel();
         thread::Builder::new().name(format!("sluice-proxy-{index}")).spawn(move || {
@@ -97,7 +97,7 @@ async fn serve_both(
     drain: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let (http, https) = (TcpListener::from_std(http)?, TcpListener::from_std(https)?);
-    let http = serve_listener(http, tables.clone(), options, None, seat.clone(), stopped(drain.clone()));
+    let http = serve_listener(http, tables.clone(), options.clone(), None, seat.clone(), stopped(drain.clone()));
     let https = serve_listener(https, tables, options.over_tls(), Some(TlsAcceptor::from(tls)), seat, stopped(drain));
     let (http, https) = tokio::join!(http, https);
     http.and(https)

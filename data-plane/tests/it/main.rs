@@ -15,6 +15,7 @@ mod hostile_paths;
 mod http1_requests;
 mod http1_responses;
 mod lifecycle;
+mod observe;
 mod openapi;
 mod policies;
 mod proxy;

@@ -57,7 +57,7 @@ fn cluster_spec(requests: u64, key: v1::RateLimitKey, fail_open: bool) -> v1::Ra
 async fn check(limiter: &RateLimiter, client: &str) -> Result<RateDecision> {
     let headers = HeaderMap::new();
     let client_ip: IpAddr = client.parse()?;
-    Ok(limiter.check(&RateKeyInput { consumer: None, client_ip, headers: &headers }).await)
+    Ok(limiter.check(&RateKeyInput { consumer: None, client_ip, headers: &headers }, "r").await)
 }
 
 fn number(headers: &HeaderMap, name: &http::HeaderName) -> Option<u64> {

@@ -17,7 +17,7 @@ fn ip(s: &str) -> IpAddr {
 }
 
 async fn check(limiter: &RateLimiter, client: &str, headers: &HeaderMap) -> RateDecision {
-    limiter.check(&RateKeyInput { consumer: None, client_ip: ip(client), headers }).await
+    limiter.check(&RateKeyInput { consumer: None, client_ip: ip(client), headers }, "r").await
 }
 
 fn header(headers: &HeaderMap, name: &HeaderName) -> u64 {
@@ -163,13 +163,13 @@ async fn consumer_keys_fall_back_to_the_client_address() {
     forwarded.insert("x-forwarded-for", HeaderValue::from_static("198.51.100.7"));
     let (alice, bob): (Arc<str>, Arc<str>) = ("alice".into(), "bob".into());
     let input = |consumer, headers| RateKeyInput { consumer, client_ip: ip("10.0.0.2"), headers };
-    assert!(matches!(limiter.check(&input(Some(&alice), &forwarded)).await, RateDecision::Allowed { .. }));
-    assert!(matches!(limiter.check(&input(Some(&alice), &forwarded)).await, RateDecision::Limited { .. }));
-    assert!(matches!(limiter.check(&input(Some(&bob), &forwarded)).await, RateDecision::Allowed { .. }));
+    assert!(matches!(limiter.check(&input(Some(&alice), &forwarded), "r").await, RateDecision::Allowed { .. }));
+    assert!(matches!(limiter.check(&input(Some(&alice), &forwarded), "r").await, RateDecision::Limited { .. }));
+    assert!(matches!(limiter.check(&input(Some(&bob), &forwarded), "r").await, RateDecision::Allowed { .. }));
     // Anonymous: keyed by the client behind the trusted proxy.
-    assert!(matches!(limiter.check(&input(None, &forwarded)).await, RateDecision::Allowed { .. }));
-    assert!(matches!(limiter.check(&input(None, &forwarded)).await, RateDecision::Limited { .. }));
-    assert!(matches!(limiter.check(&input(None, &HeaderMap::new())).await, RateDecision::Allowed { .. }));
+    assert!(matches!(limiter.check(&input(None, &forwarded), "r").await, RateDecision::Allowed { .. }));
+    assert!(matches!(limiter.check(&input(None, &forwarded), "r").await, RateDecision::Limited { .. }));
+    assert!(matches!(limiter.check(&input(None, &HeaderMap::new()), "r").await, RateDecision::Allowed { .. }));
 }
 
 #[tokio::test]

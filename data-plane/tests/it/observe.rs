@@ -1,0 +1,150 @@
+//! What an operator sees of a request, with a real `sluice-dp` process and
+//! `sluice-test-upstream`: the request ID (taken or made, sent upstream,
+//! echoed, in problem bodies, the access log and error log lines).
+
+use anyhow::{Context, Result};
+use serde_json::Value;
+use sluice_proto::v1;
+use sluice_proto::v1::policy::Kind;
+
+use crate::fake_cp::{FakeControlPlane, seal};
+use crate::support::{DataPlane, Upstream, client, eventually, send, unused_addr};
+
+/// A data plane running `snapshot`, with extra flags.
+async fn gateway(snapshot: v1::Snapshot, flags: &[&str]) -> Result<(FakeControlPlane, DataPlane)> {
+    let mut cp = FakeControlPlane::start().await?;
+    let dp = DataPlane::start(&cp.url(), flags).await?;
+    let mut conn = cp.accept().await?;
+    conn.push(seal(snapshot)).await?;
+    conn.ack().await?;
+    // The stream stays open for the test's length; dropping it would only log.
+    std::mem::forget(conn);
+    Ok((cp, dp))
+}
+
+fn api(name: &str, prefix: &str, upstream: &str, policies: Vec<Kind>) -> v1::Api {
+    v1::Api {
+        name: name.into(),
+        path_prefix: prefix.into(),
+        upstream: upstream.into(),
+        policies: policies.into_iter().map(|kind| v1::Policy { kind: Some(kind) }).collect(),
+        ..Default::default()
+    }
+}
+
+fn upstream(name: &str, urls: &[String]) -> v1::Upstream {
+    v1::Upstream {
+        name: name.into(),
+        targets: urls.iter().map(|url| v1::Target { url: url.clone(), weight: 1 }).collect(),
+        ..Default::default()
+    }
+}
+
+/// The access log lines (stdout after the address line) whose `path` is `path`.
+fn access_lines(dp: &DataPlane, path: &str) -> Vec<Value> {
+    dp.process
+        .stdout()
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|line| line["path"] == path)
+        .collect()
+}
+
+/// Waits for the one access log line of `path`.
+async fn access_line(dp: &DataPlane, path: &str) -> Result<Value> {
+    let logged = || async { access_lines(dp, path).len() == 1 };
+    eventually(path, std::time::Duration::from_millis(20), logged)
+        .await
+        .with_context(|| format!("no access log line for {path}; stdout:\n{}", dp.process.stdout()))?;
+    access_lines(dp, path).pop().context("the line went away")
+}
+
+#[tokio::test]
+async fn request_ids_are_taken_or_made_and_seen_everywhere() -> Result<()> {
+    let echo = Upstream::start("echo").await?;
+    let dead = format!("http://{}", unused_addr().await?);
+    let deny_all = Kind::IpRestriction(v1::IpRestriction { allow: vec![], deny: vec!["0.0.0.0/0".into(), "::/0".into()] });
+    let snapshot = v1::Snapshot {
+        version: 1,
+        apis: vec![
+            api("open", "/open", "live", vec![]),
+            api("down", "/down", "dead", vec![]),
+            api("closed", "/closed", "live", vec![deny_all]),
+        ],
+        upstreams: vec![upstream("live", &[echo.url()]), upstream("dead", &[dead])],
+        ..Default::default()
+    };
+    let (_cp, dp) = gateway(snapshot, &[]).await?;
+    let c = client();
+
+    // None sent: one is made, sent upstream, echoed and logged.
+    let (status, headers, body) = send(c.get(dp.url("/open/made"))).await?;
+    assert_eq!(status, 200);
+    let made = headers["x-request-id"].to_str()?.to_owned();
+    assert_eq!(made.len(), 26, "{made}");
+    assert_eq!(body["headers"]["x-request-id"], made.as_str(), "the upstream got it");
+    assert_eq!(access_line(&dp, "/open/made").await?["request_id"], made.as_str());
+    // Each request its own.
+    let (_, headers, _) = send(c.get(dp.url("/open/made"))).await?;
+    assert_ne!(headers["x-request-id"].to_str()?, made);
+
+    // A well-formed one from the client: kept as sent, everywhere.
+    let uuid = "4f1c2b9e-8d1a-4c3e-9f00-1234567890ab";
+    let (status, headers, body) = send(c.get(dp.url("/open/taken")).header("X-Request-Id", uuid)).await?;
+    assert_eq!(status, 200);
+    assert_eq!(headers["x-request-id"], uuid);
+    assert_eq!(body["headers"]["x-request-id"], uuid);
+    assert_eq!(access_line(&dp, "/open/taken").await?["request_id"], uuid);
+
+    // Malformed, too long or repeated: replaced, and the upstream sees only the replacement.
+    let long = "a".repeat(65);
+    for (path, sent) in [("/open/bad", vec!["a b<script>"]), ("/open/long", vec![&long]), ("/open/two", vec!["x", "y"])] {
+        let mut request = c.get(dp.url(path));
+        for value in &sent {
+            request = request.header("x-request-id", *value);
+        }
+        let (status, headers, body) = send(request).await?;
+        assert_eq!(status, 200, "{path}");
+        let id = headers["x-request-id"].to_str()?;
+        assert_eq!(id.len(), 26, "{path}: {id}");
+        assert_eq!(body["headers"]["x-request-id"], id, "{path}");
+    }
+
+    // Problem bodies name it: a 502 (and its error log line), a policy refusal, a 404.
+    let (status, headers, body) = send(c.get(dp.url("/down/x")).header("x-request-id", "trace-502")).await?;
+    assert_eq!((status, headers["x-request-id"].to_str()?), (502, "trace-502"));
+    assert_eq!(body["request_id"], "trace-502");
+    dp.process.wait_for_log("trace-502").await?;
+    let logged = dp.process.stderr();
+    let error_line = logged.lines().find(|line| line.contains("trace-502")).context("no error line")?;
+    assert!(error_line.contains("upstream failure"), "{error_line}");
+    for (path, want) in [("/closed/x", 403), ("/nowhere", 404)] {
+        let (status, headers, body) = send(c.get(dp.url(path))).await?;
+        assert_eq!(status, want, "{path}");
+        let id = headers["x-request-id"].to_str()?;
+        assert_eq!(body["request_id"], id, "{path}: {body}");
+        assert_eq!(access_line(&dp, path).await?["request_id"], id, "{path}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_request_id_header_is_configurable() -> Result<()> {
+    let echo = Upstream::start("echo").await?;
+    let snapshot = v1::Snapshot {
+        version: 1,
+        apis: vec![api("open", "/", "live", vec![])],
+        upstreams: vec![upstream("live", &[echo.url()])],
+        ..Default::default()
+    };
+    let (_cp, dp) = gateway(snapshot, &["--request-id-header", "X-Correlation-Id"]).await?;
+    let (status, headers, body) =
+        send(client().get(dp.url("/x")).header("x-correlation-id", "corr-1").header("x-request-id", "other")).await?;
+    assert_eq!(status, 200);
+    assert_eq!(headers["x-correlation-id"], "corr-1");
+    assert_eq!(body["headers"]["x-correlation-id"], "corr-1");
+    // Another header of that name is an ordinary header now.
+    assert_eq!(body["headers"]["x-request-id"], "other");
+    assert_eq!(access_line(&dp, "/x").await?["request_id"], "corr-1");
+    Ok(())
+}
