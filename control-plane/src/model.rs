@@ -121,6 +121,22 @@ pub struct Upstream {
     /// Speak HTTP/2 to the targets.
     #[serde(default, skip_serializing_if = "is_false")]
     pub http2: bool,
+    /// How many retries the APIs using this upstream may send; absent: the defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_budget: Option<RetryBudget>,
+}
+
+/// Retries may add `ratio` of the upstream's requests plus
+/// `min_retries_per_second`; unused budget is kept for 10 seconds' worth.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RetryBudget {
+    #[serde(default = "default_retry_ratio")]
+    #[schema(minimum = 0, maximum = 1, example = 0.2)]
+    pub ratio: f64,
+    #[serde(default = "default_min_retries_per_second")]
+    #[schema(minimum = 0, maximum = 1000, example = 10)]
+    pub min_retries_per_second: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -426,6 +442,12 @@ fn gateway_failures() -> Vec<FailureStatus> {
 }
 fn is_gateway_failures(statuses: &[FailureStatus]) -> bool {
     statuses == GATEWAY_FAILURES
+}
+fn default_retry_ratio() -> f64 {
+    sluice_proto::DEFAULT_RETRY_RATIO
+}
+fn default_min_retries_per_second() -> u32 {
+    sluice_proto::DEFAULT_MIN_RETRIES_PER_SECOND
 }
 fn thirty_seconds() -> HumanDuration {
     HumanDuration::from_secs(30)

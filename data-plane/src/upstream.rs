@@ -16,7 +16,7 @@ use std::time::Duration;
 use http::uri::{Authority, Scheme};
 use http::{HeaderValue, Request, Response, Uri};
 use hyper_util::client::legacy::connect::HttpConnector;
-use metrics::Gauge;
+use metrics::{Counter, Gauge};
 use sluice_proto::v1;
 
 use crate::base::{ProxyBody, RequestBody};
@@ -29,13 +29,13 @@ use connections::{Connections, Dialer};
 
 const DEFAULT_EJECTION: Duration = Duration::from_secs(30);
 
-/// Retry budget: every request deposits `DEPOSIT`, a retry withdraws `COST`;
-/// so retries stay under 20% of traffic plus a small reserve, and a dead
-/// upstream is not hammered with retries on top of the original load.
-const BUDGET_DEPOSIT: i64 = 2;
-const BUDGET_COST: i64 = 10;
-const BUDGET_INITIAL: i64 = 100;
-const BUDGET_MAX: i64 = 1_000;
+/// A retry's cost in the budget's unit (thousandths of a retry, so a
+/// request's deposit of `ratio` needs no float on the request path).
+const RETRY_COST: i64 = 1_000;
+/// The minimum's refill is kept for this long when unused.
+const RESERVE_SECONDS: i64 = 10;
+/// What deposits may add up to beyond the reserve, in retries.
+const DEPOSIT_CAP: i64 = 100;
 
 /// A target of an upstream with its live state.
 #[derive(Debug)]
@@ -122,20 +122,24 @@ impl Drop for InFlight {
     }
 }
 
-struct TargetList<'a>(&'a [Arc<Target>]);
+/// The targets a request may go to: available, and not tried by it yet.
+struct TargetList<'a> {
+    targets: &'a [Arc<Target>],
+    tried: Tried,
+}
 
 impl balance::Candidates for TargetList<'_> {
     fn len(&self) -> usize {
-        self.0.len()
+        self.targets.len()
     }
     fn available(&self, i: usize) -> bool {
-        self.0[i].is_available()
+        !self.tried.contains(i) && self.targets[i].is_available()
     }
     fn weight(&self, i: usize) -> u32 {
-        self.0[i].weight
+        self.targets[i].weight
     }
     fn in_flight(&self, i: usize) -> usize {
-        self.0[i].in_flight()
+        self.targets[i].in_flight()
     }
 }
 
@@ -155,7 +159,9 @@ pub struct UpstreamPool {
     tls: UpstreamTls,
     /// `None` disables passive ejection.
     passive: Option<PassiveHealth>,
-    retry_budget: AtomicI64,
+    retry_budget: RetryBudget,
+    retries: Counter,
+    retries_refused: Counter,
     health_task: Option<tokio::task::AbortHandle>,
     idle_sweep_task: Option<tokio::task::AbortHandle>,
 }
@@ -252,7 +258,9 @@ impl UpstreamPool {
             dialer,
             tls,
             passive,
-            retry_budget: AtomicI64::new(BUDGET_INITIAL),
+            retry_budget: RetryBudget::new(spec.retry_budget.as_ref()),
+            retries: metrics::counter!("sluice_upstream_retries_total", "upstream" => spec.name.clone()),
+            retries_refused: metrics::counter!("sluice_upstream_retries_refused_total", "upstream" => spec.name.clone()),
             health_task,
             idle_sweep_task,
         }))
@@ -279,10 +287,22 @@ impl UpstreamPool {
         self.dialer.send(target, request, connect_timeout)
     }
 
-    /// Picks a target for a request; `None` when no target is available.
-    pub fn pick(&self, client_ip: Option<IpAddr>, headers: &http::HeaderMap) -> Option<Arc<Target>> {
+    /// Picks a target for an attempt of a request (and marks it `tried`):
+    /// for a retry, one the request has not tried when there is one, else
+    /// any (a single target may well answer on a new connection); `None`
+    /// when no target is available. A retry's pick does not count as a turn
+    /// of the round robin: had it counted, with one of two targets down,
+    /// every request would start on the dead one.
+    pub fn pick(&self, client_ip: Option<IpAddr>, headers: &http::HeaderMap, tried: &mut Tried) -> Option<Arc<Target>> {
         let ctx = PickContext { client_ip, headers };
-        self.balancer.pick(&TargetList(&self.targets), &ctx).map(|i| self.targets[i].clone())
+        let retry = tried.0 != 0;
+        let untried = TargetList { targets: &self.targets, tried: *tried };
+        let i = self.balancer.pick(&untried, &ctx, retry).or_else(|| {
+            let any = TargetList { targets: &self.targets, tried: Tried::default() };
+            if retry { self.balancer.pick(&any, &ctx, true) } else { None }
+        })?;
+        tried.mark(i);
+        Some(self.targets[i].clone())
     }
 
     /// The target answered: a failure if the upstream's passive check counts that status, a success otherwise.
@@ -310,15 +330,93 @@ impl UpstreamPool {
 
     /// Every request deposits into the retry budget.
     pub fn deposit_retry_budget(&self) {
-        let _ = self
-            .retry_budget
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| Some((b + BUDGET_DEPOSIT).min(BUDGET_MAX)));
+        self.retry_budget.deposit();
     }
 
-    /// Takes one retry out of the budget; false when the budget is spent.
+    /// Takes one retry out of the budget (counted in the retry metrics);
+    /// false when the budget is spent.
     pub fn withdraw_retry(&self) -> bool {
-        self.retry_budget
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| (b >= BUDGET_COST).then_some(b - BUDGET_COST))
+        let granted = self.retry_budget.withdraw(now_ms());
+        let counted = if granted { &self.retries } else { &self.retries_refused };
+        counted.increment(1);
+        granted
+    }
+}
+
+/// The targets an attempt of a request went to, by index: a retry goes
+/// elsewhere. Targets past the 64th are not remembered (a retry may meet
+/// one of them again).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Tried(u64);
+
+impl Tried {
+    fn mark(&mut self, i: usize) {
+        if i < 64 {
+            self.0 |= 1 << i;
+        }
+    }
+
+    fn contains(self, i: usize) -> bool {
+        i < 64 && self.0 & (1 << i) != 0
+    }
+}
+
+/// How many retries an upstream may send: a bucket in thousandths of a
+/// retry. Each request deposits `ratio` of a retry, time refills
+/// `min_retries_per_second`, a retry takes one. It starts with, and keeps
+/// at most, [`RESERVE_SECONDS`] of the minimum plus [`DEPOSIT_CAP`] retries
+/// of deposits, so a quiet period does not store up a storm.
+#[derive(Debug)]
+struct RetryBudget {
+    /// Thousandths of a retry.
+    balance: AtomicI64,
+    deposit: i64,
+    /// Thousandths of a retry per millisecond: the minimum per second.
+    refill_per_ms: i64,
+    capacity: i64,
+    /// When time last refilled the balance ([`now_ms`]).
+    refilled_ms: AtomicU64,
+}
+
+impl RetryBudget {
+    fn new(spec: Option<&v1::RetryBudget>) -> Self {
+        let (ratio, min_per_second) = spec.map_or(
+            (sluice_proto::DEFAULT_RETRY_RATIO, sluice_proto::DEFAULT_MIN_RETRIES_PER_SECOND),
+            |b| (b.ratio, b.min_retries_per_second),
+        );
+        // Validated to 0..=1 (proto); the clamp keeps a NaN from a skewed peer harmless.
+        let deposit = (ratio.clamp(0.0, 1.0) * RETRY_COST as f64).round() as i64;
+        let refill_per_ms = i64::from(min_per_second);
+        let reserve = refill_per_ms * 1_000 * RESERVE_SECONDS;
+        RetryBudget {
+            balance: AtomicI64::new(reserve),
+            deposit,
+            refill_per_ms,
+            capacity: reserve + DEPOSIT_CAP * RETRY_COST,
+            refilled_ms: AtomicU64::new(now_ms()),
+        }
+    }
+
+    fn deposit(&self) {
+        if self.deposit > 0 {
+            let capacity = self.capacity;
+            let _ = self.balance.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| Some((b + self.deposit).min(capacity)));
+        }
+    }
+
+    /// Time's refill is added here, on the rare retry, not per request.
+    fn withdraw(&self, now_ms: u64) -> bool {
+        let last = self.refilled_ms.load(Ordering::Relaxed);
+        if now_ms > last
+            && self.refill_per_ms > 0
+            && self.refilled_ms.compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+        {
+            let refill = i64::try_from(now_ms - last).unwrap_or(i64::MAX).saturating_mul(self.refill_per_ms);
+            let capacity = self.capacity;
+            let _ = self.balance.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| Some(b.saturating_add(refill).min(capacity)));
+        }
+        self.balance
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| (b >= RETRY_COST).then_some(b - RETRY_COST))
             .is_ok()
     }
 }
@@ -416,7 +514,7 @@ mod tests {
         assert!(t0.is_available());
         pool.record_failure(&t0);
         assert!(!t0.is_available());
-        assert!((0..10).all(|_| pool.pick(None, &h).is_some_and(|t| t.url.ends_with(":2"))));
+        assert!((0..10).all(|_| pool.pick(None, &h, &mut Tried::default()).is_some_and(|t| t.url.ends_with(":2"))));
         std::thread::sleep(Duration::from_millis(60));
         assert!(t0.is_available());
         // An answer the check does not count resets the failure count; one it counts is a failure.
@@ -429,14 +527,64 @@ mod tests {
     }
 
     #[test]
-    fn retry_budget_runs_out_and_refills() {
-        let pool = UpstreamPool::build(&spec(&["http://127.0.0.1:1"]), &CertificateSet::default(), None).unwrap();
-        let granted = (0..100).filter(|_| pool.withdraw_retry()).count();
-        assert_eq!(granted as i64, BUDGET_INITIAL / BUDGET_COST);
+    fn retry_budget_starts_with_its_reserve_and_refills_by_ratio_and_time() {
+        let budget = RetryBudget::new(Some(&v1::RetryBudget { ratio: 0.2, min_retries_per_second: 3 }));
+        let start = budget.refilled_ms.load(Ordering::Relaxed);
+        // 10 seconds of the minimum.
+        assert_eq!((0..100).filter(|_| budget.withdraw(start)).count(), 30);
+        // Five requests deposit one retry.
         for _ in 0..5 {
-            pool.deposit_retry_budget();
+            budget.deposit();
         }
-        assert!(pool.withdraw_retry());
-        assert!(!pool.withdraw_retry());
+        assert!(budget.withdraw(start));
+        assert!(!budget.withdraw(start));
+        // A second refills the minimum.
+        assert_eq!((0..10).filter(|_| budget.withdraw(start + 1_000)).count(), 3);
+        // A long quiet spell refills only up to the reserve plus the deposit cap.
+        for _ in 0..10_000 {
+            budget.deposit();
+        }
+        assert_eq!((0..1_000).filter(|_| budget.withdraw(start + 3_600_000)).count(), 30 + 100);
+
+        // No minimum, no ratio: no retry at all.
+        let none = RetryBudget::new(Some(&v1::RetryBudget { ratio: 0.0, min_retries_per_second: 0 }));
+        none.deposit();
+        assert!(!none.withdraw(now_ms() + 10_000));
+        // Unset: the defaults.
+        let default = RetryBudget::new(None);
+        assert_eq!(default.capacity, i64::from(sluice_proto::DEFAULT_MIN_RETRIES_PER_SECOND) * 10_000 + 100_000);
+        assert_eq!(default.deposit, 200);
+    }
+
+    #[test]
+    fn a_retry_skips_the_targets_tried_and_is_not_a_round_robin_turn() {
+        let pool =
+            UpstreamPool::build(&spec(&["http://127.0.0.1:1", "http://127.0.0.1:2"]), &CertificateSet::default(), None)
+                .unwrap();
+        let h = http::HeaderMap::new();
+        let mut firsts = Vec::new();
+        for _ in 0..4 {
+            let mut tried = Tried::default();
+            let first = pool.pick(None, &h, &mut tried).unwrap();
+            let retry = pool.pick(None, &h, &mut tried).unwrap();
+            assert!(!Arc::ptr_eq(&first, &retry), "a retry goes elsewhere");
+            assert!(pool.pick(None, &h, &mut tried).is_some(), "both tried: either again");
+            firsts.push(first.url.clone());
+        }
+        // The first attempts still alternate, retries or not.
+        assert_eq!(firsts, ["http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:1", "http://127.0.0.1:2"]);
+
+        // One target: a retry goes to it again.
+        let single = UpstreamPool::build(&spec(&["http://127.0.0.1:1"]), &CertificateSet::default(), None).unwrap();
+        let mut tried = Tried::default();
+        let first = single.pick(None, &h, &mut tried).unwrap();
+        assert!(Arc::ptr_eq(&first, &single.pick(None, &h, &mut tried).unwrap()));
+
+        let mut least = spec(&["http://127.0.0.1:1", "http://127.0.0.1:2"]);
+        least.balance = v1::Balance::LeastConnections.into();
+        let pool = UpstreamPool::build(&least, &CertificateSet::default(), None).unwrap();
+        let mut tried = Tried::default();
+        let first = pool.pick(None, &h, &mut tried).unwrap();
+        assert!(!Arc::ptr_eq(&first, &pool.pick(None, &h, &mut tried).unwrap()));
     }
 }

@@ -39,5 +39,14 @@ pub use validate::{MAX_NAME_LEN, NAME_PATTERN, Violation, check_name, policy_nam
 /// loudly instead of misreading snapshots.
 pub const PROTOCOL_VERSION: u32 = 1;
 
+/// An upstream's retry budget when its `retry_budget` is unset: retries may
+/// add a fifth of its requests (as Envoy's and Finagle's budgets)...
+pub const DEFAULT_RETRY_RATIO: f64 = 0.2;
+/// ...plus ten per second whatever the traffic (Finagle's and Linkerd's
+/// minimum), so that a quiet upstream can always retry.
+pub const DEFAULT_MIN_RETRIES_PER_SECOND: u32 = 10;
+/// The most `min_retries_per_second` may be.
+pub const MAX_MIN_RETRIES_PER_SECOND: u32 = 1_000;
+
 /// Metadata key carrying `Bearer <cluster token>` on the sync stream.
 pub const AUTHORIZATION_METADATA: &str = "authorization";

@@ -521,6 +521,17 @@ fn check_upstream(v: &mut Violations, upstream: &Upstream, certificates: &HashSe
             }
         }
     }
+    if let Some(budget) = &upstream.retry_budget {
+        if !(0.0..=1.0).contains(&budget.ratio) {
+            v.push(at("retry_budget/ratio"), "must be between 0 and 1 (a share of the upstream's requests)");
+        }
+        if budget.min_retries_per_second > crate::MAX_MIN_RETRIES_PER_SECOND {
+            v.push(
+                at("retry_budget/min_retries_per_second"),
+                format!("must be at most {}", crate::MAX_MIN_RETRIES_PER_SECOND),
+            );
+        }
+    }
     if let Some(tls) = &upstream.tls
         && !tls.client_certificate.is_empty()
         && !certificates.contains(tls.client_certificate.as_str())
@@ -645,6 +656,24 @@ mod tests {
 
     fn paths(snapshot: &Snapshot) -> Vec<String> {
         validate(snapshot).err().unwrap_or_default().into_iter().map(|v| v.path).collect()
+    }
+
+    #[test]
+    fn retry_budgets_are_bounded() {
+        use crate::v1::RetryBudget;
+        for (ratio, min, bad) in [
+            (0.2, 10, &[][..]),
+            (0.0, 0, &[]),
+            (1.0, 1_000, &[]),
+            (1.5, 10, &["/upstreams/backend/retry_budget/ratio"]),
+            (-0.1, 10, &["/upstreams/backend/retry_budget/ratio"]),
+            (f64::NAN, 1_001, &["/upstreams/backend/retry_budget/ratio", "/upstreams/backend/retry_budget/min_retries_per_second"]),
+        ] {
+            let mut backend = upstream("backend");
+            backend.retry_budget = Some(RetryBudget { ratio, min_retries_per_second: min });
+            let snapshot = Snapshot { apis: vec![api("shop", "backend")], upstreams: vec![backend], ..Default::default() };
+            assert_eq!(paths(&snapshot), bad, "{ratio} {min}");
+        }
     }
 
     #[test]

@@ -160,6 +160,7 @@ async fn write(store: &Store) -> Result<u64> {
             passive_health_check: None,
             tls: None,
             http2: false,
+            retry_budget: None,
         });
         Ok::<_, Infallible>(())
     }))

@@ -15,7 +15,7 @@ use super::log::Exchange;
 use super::{Peer, ProxyOptions};
 use crate::base::{BodyStatus, ClientFault, ProxyBody, ProxyError, RequestBody};
 use crate::routing::CompiledApi;
-use crate::upstream::{InFlight, SendError, Target};
+use crate::upstream::{InFlight, SendError, Target, Tried};
 
 /// Headers that describe one hop, never the end-to-end message (RFC 9110 §7.6.1).
 pub(super) const HOP_BY_HOP: [HeaderName; 8] = [
@@ -193,9 +193,10 @@ fn send<'a>(
         let idempotent = outgoing.idempotent();
         pool.deposit_retry_budget();
         let mut attempt = 0;
+        let mut tried = Tried::default();
         loop {
             let target = pool
-                .pick(Some(peer.ip), &outgoing.headers)
+                .pick(Some(peer.ip), &outgoing.headers, &mut tried)
                 .ok_or_else(|| ProxyError::NoHealthyTarget { upstream: pool.name.clone() })?;
             exchange.upstream_target = Some(target.clone());
             let in_flight = InFlight::new(target.clone());
@@ -215,7 +216,7 @@ fn send<'a>(
                     pool.record_failure(&target);
                     if error.may_resend() && may_retry && pool.withdraw_retry() {
                         attempt += 1;
-                        tracing::debug!(upstream = %pool.name, target = %target.url, attempt, %error, "no response; retrying");
+                        tracing::debug!(upstream = %pool.name, target = %target.url, attempt, %error, request_id = %exchange.request_id, "no response; retrying elsewhere");
                         continue;
                     }
                     let (target, reason) = (target.url.clone(), error.to_string());

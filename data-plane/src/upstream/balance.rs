@@ -79,14 +79,15 @@ impl Balancer {
         })
     }
 
-    /// Returns the index of the chosen target, or `None` when none is available.
-    pub fn pick(&self, targets: &impl Candidates, ctx: &PickContext<'_>) -> Option<usize> {
+    /// Returns the index of the chosen target, or `None` when none is
+    /// available. A `retry` takes no turn of a round robin (see `UpstreamPool::pick`).
+    pub fn pick(&self, targets: &impl Candidates, ctx: &PickContext<'_>, retry: bool) -> Option<usize> {
         let n = targets.len();
         if n == 0 {
             return None;
         }
         match self {
-            Balancer::RoundRobin { next } => round_robin(next, targets),
+            Balancer::RoundRobin { next } => round_robin(next, targets, retry),
             Balancer::WeightedRoundRobin { current } => {
                 let mut current = current.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
                 current.resize(n, 0);
@@ -131,7 +132,7 @@ impl Balancer {
             Balancer::ConsistentHash { ring, on, fallback } => match hash_key(on, ctx) {
                 Some(key) => ring_lookup(ring, key, targets),
                 // No key to hash on (header absent): spread such requests evenly.
-                None => round_robin(fallback, targets),
+                None => round_robin(fallback, targets, retry),
             },
         }
     }
@@ -139,12 +140,12 @@ impl Balancer {
 
 /// Counts turns over the available targets only: skipping a down target to
 /// its neighbour would give that neighbour a double share.
-fn round_robin(next: &AtomicUsize, targets: &impl Candidates) -> Option<usize> {
+fn round_robin(next: &AtomicUsize, targets: &impl Candidates, retry: bool) -> Option<usize> {
     let available = (0..targets.len()).filter(|i| targets.available(*i)).count();
     if available == 0 {
         return None;
     }
-    let turn = next.fetch_add(1, Ordering::Relaxed) % available;
+    let turn = if retry { next.load(Ordering::Relaxed) } else { next.fetch_add(1, Ordering::Relaxed) } % available;
     (0..targets.len()).filter(|i| targets.available(*i)).nth(turn)
 }
 
@@ -238,7 +239,7 @@ mod tests {
         for i in 0..n {
             let ip: IpAddr = format!("10.0.{}.{}", i / 250, i % 250).parse().unwrap();
             let ctx = PickContext { client_ip: Some(ip), headers };
-            c[b.pick(t, &ctx).unwrap()] += 1;
+            c[b.pick(t, &ctx, false).unwrap()] += 1;
         }
         c
     }
@@ -279,7 +280,7 @@ mod tests {
         let t = Fake { up: vec![true; 3], weights: vec![5, 1, 1], in_flight: vec![0; 3] };
         let h = HeaderMap::new();
         let ctx = PickContext { client_ip: None, headers: &h };
-        let seq: Vec<usize> = (0..7).map(|_| b.pick(&t, &ctx).unwrap()).collect();
+        let seq: Vec<usize> = (0..7).map(|_| b.pick(&t, &ctx, false).unwrap()).collect();
         assert_eq!(seq, vec![0, 0, 1, 0, 2, 0, 0]);
     }
 
@@ -296,7 +297,7 @@ mod tests {
             v1::Balance::ConsistentHash,
         ] {
             let b = Balancer::new(&upstream(balance, None), &["a", "b"], &[1, 1]).unwrap();
-            assert_eq!(b.pick(&t, &ctx), None, "{balance:?}");
+            assert_eq!(b.pick(&t, &ctx, false), None, "{balance:?}");
         }
     }
 
@@ -314,10 +315,10 @@ mod tests {
             let b = Balancer::new(&upstream(v1::Balance::ConsistentHash, hash_on), &["a", "b", "c"], &[1; 3]).unwrap();
             let mut t = Fake { up: vec![true; 3], weights: vec![1; 3], in_flight: vec![0; 3] };
             let ctx = PickContext { client_ip: None, headers: &headers };
-            let first = b.pick(&t, &ctx).unwrap();
-            assert!((0..10).all(|_| b.pick(&t, &ctx) == Some(first)));
+            let first = b.pick(&t, &ctx, false).unwrap();
+            assert!((0..10).all(|_| b.pick(&t, &ctx, false) == Some(first)));
             t.up[first] = false;
-            let moved = b.pick(&t, &ctx).unwrap();
+            let moved = b.pick(&t, &ctx, false).unwrap();
             assert_ne!(moved, first);
         }
         // Keys on other targets stay put when one target goes down.
@@ -325,7 +326,7 @@ mod tests {
         let mut t = Fake { up: vec![true; 3], weights: vec![1; 3], in_flight: vec![0; 3] };
         let pick_ip = |t: &Fake, i: u8| {
             let ctx = PickContext { client_ip: Some(IpAddr::from([10, 0, 0, i])), headers: &headers };
-            b.pick(t, &ctx).unwrap()
+            b.pick(t, &ctx, false).unwrap()
         };
         let before: Vec<usize> = (0..100).map(|i| pick_ip(&t, i)).collect();
         t.up[1] = false;

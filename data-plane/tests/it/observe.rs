@@ -148,3 +148,32 @@ async fn the_request_id_header_is_configurable() -> Result<()> {
     assert_eq!(access_line(&dp, "/x").await?["request_id"], "corr-1");
     Ok(())
 }
+
+#[tokio::test]
+async fn with_one_of_two_targets_dead_retries_go_to_the_live_one_and_none_fails() -> Result<()> {
+    let live = Upstream::start("live").await?;
+    let dead = format!("http://{}", unused_addr().await?);
+    // Round robin, no health check: every other request starts on the dead target.
+    let snapshot = v1::Snapshot {
+        version: 1,
+        apis: vec![v1::Api { retries: 2, ..api("shop", "/", "pool", vec![]) }],
+        upstreams: vec![upstream("pool", &[dead, live.url()])],
+        ..Default::default()
+    };
+    let (_cp, dp) = gateway(snapshot, &["--access-log", "off"]).await?;
+    let c = client();
+    let mut failed = Vec::new();
+    for i in 0..100 {
+        let (status, _, _) = send(c.get(dp.url(&format!("/r{i}")))).await?;
+        if status != 200 {
+            failed.push((i, status));
+        }
+    }
+    assert!(failed.is_empty(), "failed: {failed:?}; stderr:\n{}", dp.process.stderr());
+    // A retry is not a round-robin turn: half the requests started on the dead target, once each.
+    assert_eq!(dp.metric("sluice_upstream_retries_total").await?, Some(50.0));
+    assert_eq!(dp.metric("sluice_upstream_retries_refused_total").await?, Some(0.0));
+    let received: Value = client().get(format!("{}/__received", live.url())).send().await?.json().await?;
+    assert_eq!(received["count"], 100);
+    Ok(())
+}
