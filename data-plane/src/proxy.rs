@@ -33,7 +33,7 @@ pub use inbound::{DEFAULT_HEADER_LIMITS, HeaderLimits};
 pub use log::LoggedBody;
 pub use tls_server::{TlsSetupError, tls_server_config};
 
-use crate::base::{Origin, ProxyBody, ProxyError};
+use crate::base::{BodyStatus, Origin, ProxyBody, ProxyError};
 use crate::routing::{CompiledApi, RouteMiss, RoutingTable, TableStore};
 use balance::Seat;
 use connection::Protocols;
@@ -181,18 +181,20 @@ async fn accept(listener: &TcpListener, seat: &Seat) -> std::io::Result<(TcpStre
     listener.accept().await
 }
 
-/// The client's address, with its `X-Forwarded-For` form built once per connection.
+/// The client's address, with its `X-Forwarded-For` form built once per
+/// connection, and the connection's TLS version.
 #[derive(Debug, Clone)]
 struct Peer {
     ip: IpAddr,
     forwarded_for: HeaderValue,
+    tls: Option<&'static str>,
 }
 
 impl Peer {
-    fn new(ip: IpAddr) -> Self {
+    fn new(ip: IpAddr, tls: Option<&'static str>) -> Self {
         // An address always makes a valid header value; the fallback is never used.
         let forwarded_for = HeaderValue::from_str(&ip.to_string()).unwrap_or(HeaderValue::from_static("unknown"));
-        Peer { ip, forwarded_for }
+        Peer { ip, forwarded_for, tls }
     }
 }
 
@@ -211,17 +213,26 @@ fn handle(
         let mut request = request;
         // First, so that every answer, even one refused before routing, carries the ID.
         let (request_id, echo) = inbound::request_id(request.headers_mut(), &shared.options.request_id_header);
+        let access_log = shared.options.access_log;
         let mut exchange = Exchange {
             active,
             request_id,
             started: Instant::now(),
+            client: peer.ip,
+            tls: peer.tls,
+            version: request.version(),
             method: request.method().clone(),
             path: request.uri().path().into(),
+            host: None,
+            user_agent: access_log.then(|| request.headers().get(header::USER_AGENT).map(log::user_agent)).flatten(),
             api: None,
             upstream_target: None,
+            upstream_status: None,
+            upstream_elapsed: None,
+            request_body: None,
             consumer: None,
             status: StatusCode::OK,
-            access_log: shared.options.access_log,
+            access_log,
             in_flight: None,
             table: None,
         };
@@ -268,6 +279,9 @@ fn route_and_forward<'a>(
         let upgrade = inbound::clean_headers(request.headers_mut(), &shared.options.headers, &shared.options.request_id_header)?;
         let host = inbound::request_host(&request)?;
         let host = host.as_ref().map(|host| host.name.as_ref());
+        if exchange.access_log {
+            exchange.host = host.map(Box::from);
+        }
         let routed = table.route(host, request.uri().path(), request.method());
         if canonical.encoded_separator && !routed.as_ref().is_ok_and(|api| api.forward_raw_path) {
             return Err(PathError::EncodedSeparator.into());
@@ -298,6 +312,9 @@ fn route_and_forward<'a>(
         // its time is bounded and its end watched whoever reads it.
         let started = tokio::time::Instant::from_std(exchange.started);
         let request = client_body::watch(request, shared.options.client_body_timeout, started);
+        if exchange.access_log {
+            exchange.request_body = request.extensions().get::<BodyStatus>().cloned();
+        }
         let (api, options) = (api.as_ref(), &shared.options);
         let mut consumer = None;
         let (path, request_id) = (exchange.path.clone(), exchange.request_id);

@@ -3,7 +3,7 @@
 //! layer so no layer converts.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
@@ -34,8 +34,15 @@ pub fn full_body_request(bytes: Bytes) -> RequestBody {
 /// and the forward reads it to tell a failure the client caused from one
 /// the upstream caused (only the latter counts against the target's health).
 /// Carried in the request's extensions, and only by requests with a body.
+/// It also counts the bytes read, for the access log.
 #[derive(Debug, Clone, Default)]
-pub struct BodyStatus(Arc<AtomicU8>);
+pub struct BodyStatus(Arc<Progress>);
+
+#[derive(Debug, Default)]
+struct Progress {
+    state: AtomicU8,
+    received: AtomicU64,
+}
 
 /// Why the client's body did not arrive whole.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,7 +64,7 @@ const TOO_LARGE: u8 = 4;
 
 impl BodyStatus {
     pub fn complete(&self) {
-        let _ = self.0.compare_exchange(RECEIVING, COMPLETE, Ordering::Relaxed, Ordering::Relaxed);
+        let _ = self.0.state.compare_exchange(RECEIVING, COMPLETE, Ordering::Relaxed, Ordering::Relaxed);
     }
 
     /// The first fault wins: a body that timed out is not also "broken" when
@@ -68,16 +75,26 @@ impl BodyStatus {
             ClientFault::TimedOut => TIMED_OUT,
             ClientFault::TooLarge => TOO_LARGE,
         };
-        let _ = self.0.compare_exchange(RECEIVING, code, Ordering::Relaxed, Ordering::Relaxed);
+        let _ = self.0.state.compare_exchange(RECEIVING, code, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    /// `n` more bytes of the body were read.
+    pub fn add_received(&self, n: usize) {
+        self.0.received.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// The body's bytes read so far.
+    pub fn received(&self) -> u64 {
+        self.0.received.load(Ordering::Relaxed)
     }
 
     /// Whether the last byte has not arrived yet (and nothing failed).
     pub fn receiving(&self) -> bool {
-        self.0.load(Ordering::Relaxed) == RECEIVING
+        self.0.state.load(Ordering::Relaxed) == RECEIVING
     }
 
     pub fn fault(&self) -> Option<ClientFault> {
-        match self.0.load(Ordering::Relaxed) {
+        match self.0.state.load(Ordering::Relaxed) {
             BROKEN => Some(ClientFault::Broken),
             TIMED_OUT => Some(ClientFault::TimedOut),
             TOO_LARGE => Some(ClientFault::TooLarge),

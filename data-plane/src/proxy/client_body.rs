@@ -64,6 +64,9 @@ impl Body for ClientBody {
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    this.status.add_received(data.len());
+                }
                 if this.inner.is_end_stream() {
                     this.status.complete();
                 }

@@ -50,6 +50,11 @@ pub(super) enum Protocol {
 /// A client stream that can tell which HTTP version its client speaks.
 pub(super) trait ClientStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     fn protocol(&self) -> impl Future<Output = Protocol> + Send;
+
+    /// The TLS version agreed with the client, for the access log; `None` in plain text.
+    fn tls_version(&self) -> Option<&'static str> {
+        None
+    }
 }
 
 impl ClientStream for TcpStream {
@@ -72,6 +77,14 @@ impl ClientStream for TlsStream<TcpStream> {
             Some(b"h2") => Protocol::Http2,
             _ => Protocol::Http1,
         }
+    }
+
+    fn tls_version(&self) -> Option<&'static str> {
+        Some(match self.get_ref().1.protocol_version()? {
+            rustls::ProtocolVersion::TLSv1_3 => "TLSv1.3",
+            rustls::ProtocolVersion::TLSv1_2 => "TLSv1.2",
+            _ => "other",
+        })
     }
 }
 
@@ -132,7 +145,7 @@ pub(super) async fn serve<S: ClientStream>(
         }
         () = stopped(stop_rx.clone()) => return,
     };
-    let client = Peer::new(peer.ip().to_canonical());
+    let client = Peer::new(peer.ip().to_canonical(), stream.tls_version());
     let service = {
         let activity = activity.clone();
         service_fn(move |request| handle(request, shared.clone(), client.clone(), activity.begin()))

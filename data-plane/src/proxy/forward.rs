@@ -3,6 +3,8 @@
 //! target, sends with timeout and bounded retries, and prepares the response
 //! (including the tunnel of an upgraded connection such as a WebSocket).
 
+use std::time::Instant;
+
 use futures_util::future::Either;
 use http::header::{self, Entry, HeaderMap, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
@@ -202,8 +204,11 @@ fn send<'a>(
             let in_flight = InFlight::new(target.clone());
             let may_retry = idempotent && outgoing.replayable && attempt < api.retries;
             let request = outgoing.for_target(&target, http2, api.preserve_host, may_retry)?;
+            let attempt_started = Instant::now();
             match tokio::time::timeout(api.request_timeout, pool.send(&target, request, api.connect_timeout)).await {
                 Ok(Ok(response)) => {
+                    exchange.upstream_status = Some(response.status());
+                    exchange.upstream_elapsed = Some(attempt_started.elapsed());
                     pool.record_answer(&target, response.status());
                     return Ok(finish_response(response, outgoing.client_upgrade.take(), in_flight, exchange));
                 }
@@ -440,7 +445,7 @@ mod tests {
         h.insert(X_FORWARDED_FOR, HeaderValue::from_static("1.2.3.4"));
         h.insert(header::VIA, HeaderValue::from_static("1.1 edge"));
         let options = ProxyOptions::default();
-        let peer = Peer::new("10.0.0.9".parse().unwrap());
+        let peer = Peer::new("10.0.0.9".parse().unwrap(), None);
         let host = HeaderValue::from_static("shop.example");
         add_forwarding_headers(&mut h, &peer, Some(&host), &options, Version::HTTP_11);
         assert_eq!(h[X_FORWARDED_FOR], "1.2.3.4, 10.0.0.9");

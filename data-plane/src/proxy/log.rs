@@ -7,15 +7,16 @@ use std::io::Write;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{Method, StatusCode};
+use http::{Method, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use serde::Serialize;
 
 use super::idle::ActiveRequest;
-use crate::base::{ProxyBody, RequestId, UNROUTED};
+use crate::base::{BodyStatus, ProxyBody, RequestId, UNROUTED};
 use crate::routing::{CompiledApi, RoutingTable};
 use crate::upstream::{InFlight, Target};
 
@@ -27,6 +28,10 @@ pub struct Exchange {
     pub active: ActiveRequest,
     pub request_id: RequestId,
     pub started: Instant,
+    /// The client's address (the connection's peer) and TLS version.
+    pub client: IpAddr,
+    pub tls: Option<&'static str>,
+    pub version: Version,
     pub method: Method,
     /// The request's path, copied: a query string may carry secrets (API
     /// keys), so only the path is logged. Not the client's `Uri`, which
@@ -34,8 +39,18 @@ pub struct Exchange {
     /// it kept that 8 KiB buffer alive beside the one hyper reads the next
     /// request into, for every open connection. Shared with the policy chain.
     pub path: Arc<str>,
+    /// The routed host and the client's `User-Agent`, copied (see `path`)
+    /// only when the access log is on.
+    pub host: Option<Box<str>>,
+    pub user_agent: Option<Box<str>>,
     pub api: Option<Arc<CompiledApi>>,
     pub upstream_target: Option<Arc<Target>>,
+    /// The last attempt's answer: its status and how long its head took
+    /// from the attempt's start; `None` when no target answered.
+    pub upstream_status: Option<StatusCode>,
+    pub upstream_elapsed: Option<Duration>,
+    /// Counts the client's body as it is read (requests with a body only).
+    pub request_body: Option<BodyStatus>,
     pub consumer: Option<Arc<str>>,
     pub status: StatusCode,
     pub access_log: bool,
@@ -45,18 +60,27 @@ pub struct Exchange {
     pub table: Option<Arc<RoutingTable>>,
 }
 
+/// One access log line; docs/operations.md describes every field, in this order.
 #[derive(Serialize)]
 struct Line<'a> {
     time: String,
     request_id: &'a RequestId,
-    api: Option<&'a str>,
+    client: IpAddr,
+    tls: Option<&'a str>,
+    http: &'a str,
     method: &'a str,
+    host: Option<&'a str>,
     path: &'a str,
+    user_agent: Option<&'a str>,
+    api: Option<&'a str>,
+    consumer: Option<&'a str>,
     status: u16,
-    bytes: u64,
+    bytes_in: u64,
+    bytes_out: u64,
     duration_ms: f64,
     upstream: Option<&'a str>,
-    consumer: Option<&'a str>,
+    upstream_status: Option<u16>,
+    upstream_ms: Option<f64>,
 }
 
 /// A response body that reports its exchange when it ends or is dropped.
@@ -112,6 +136,34 @@ impl Drop for LoggedBody {
     }
 }
 
+/// Milliseconds with microseconds as decimals.
+fn millis(elapsed: Duration) -> f64 {
+    (elapsed.as_secs_f64() * 1e6).round() / 1e3
+}
+
+fn http_version(version: Version) -> &'static str {
+    match version {
+        Version::HTTP_09 => "0.9",
+        Version::HTTP_10 => "1.0",
+        Version::HTTP_2 => "2",
+        Version::HTTP_3 => "3",
+        _ => "1.1",
+    }
+}
+
+/// The longest `User-Agent` logged; longer ones are cut (at a character boundary).
+const USER_AGENT_LOGGED: usize = 256;
+
+/// The client's `User-Agent`, as much as is logged.
+pub(super) fn user_agent(value: &http::HeaderValue) -> Box<str> {
+    let text = String::from_utf8_lossy(value.as_bytes());
+    let mut end = text.len().min(USER_AGENT_LOGGED);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].into()
+}
+
 fn report(exchange: &Exchange, bytes: u64) {
     let elapsed = exchange.started.elapsed();
     let metrics = exchange.api.as_ref().map_or(&*UNROUTED, |api| &api.metrics);
@@ -122,14 +174,22 @@ fn report(exchange: &Exchange, bytes: u64) {
     let line = Line {
         time: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
         request_id: &exchange.request_id,
-        api: exchange.api.as_ref().map(|api| api.name.as_str()),
+        client: exchange.client,
+        tls: exchange.tls,
+        http: http_version(exchange.version),
         method: exchange.method.as_str(),
+        host: exchange.host.as_deref(),
         path: &exchange.path,
-        status: exchange.status.as_u16(),
-        bytes,
-        duration_ms: (elapsed.as_secs_f64() * 1e6).round() / 1e3,
-        upstream: exchange.upstream_target.as_ref().map(|target| target.url.as_str()),
+        user_agent: exchange.user_agent.as_deref(),
+        api: exchange.api.as_ref().map(|api| api.name.as_str()),
         consumer: exchange.consumer.as_deref(),
+        status: exchange.status.as_u16(),
+        bytes_in: exchange.request_body.as_ref().map_or(0, BodyStatus::received),
+        bytes_out: bytes,
+        duration_ms: millis(elapsed),
+        upstream: exchange.upstream_target.as_ref().map(|target| target.url.as_str()),
+        upstream_status: exchange.upstream_status.map(|status| status.as_u16()),
+        upstream_ms: exchange.upstream_elapsed.map(millis),
     };
     if let Ok(mut text) = serde_json::to_vec(&line) {
         text.push(b'\n');

@@ -177,3 +177,103 @@ async fn with_one_of_two_targets_dead_retries_go_to_the_live_one_and_none_fails(
     assert_eq!(received["count"], 100);
     Ok(())
 }
+
+#[tokio::test]
+async fn the_access_log_line_has_every_field() -> Result<()> {
+    let echo = Upstream::start("echo").await?;
+    let dead = format!("http://{}", unused_addr().await?);
+    let key = rcgen::KeyPair::generate()?;
+    let cert = rcgen::CertificateParams::new(vec!["api.example.test".to_string()])?.self_signed(&key)?;
+    let snapshot = v1::Snapshot {
+        version: 1,
+        apis: vec![api("open", "/open", "live", vec![]), api("down", "/down", "dead", vec![])],
+        upstreams: vec![upstream("live", &[echo.url()]), upstream("dead", &[dead.clone()])],
+        certificates: vec![v1::Certificate {
+            name: "site".into(),
+            chain_pem: cert.pem(),
+            private_key_pem: key.serialize_pem(),
+            default: true,
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let (_cp, dp) = gateway(snapshot, &[]).await?;
+    let c = client();
+
+    // Plain HTTP/1.1 with a body.
+    let response = c
+        .post(dp.url("/open/upload?secret=1"))
+        .header("user-agent", "observe-test/1.0")
+        .header("x-request-id", "log-1")
+        .body(vec![b'x'; 1234])
+        .send()
+        .await?;
+    assert_eq!(response.status().as_u16(), 200);
+    let sent = response.bytes().await?.len();
+    let line = access_line(&dp, "/open/upload").await?;
+    let mut keys: Vec<&str> = line.as_object().context("an object")?.keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    let mut documented = [
+            "time",
+            "request_id",
+            "client",
+            "tls",
+            "http",
+            "method",
+            "host",
+            "path",
+            "user_agent",
+            "api",
+            "consumer",
+            "status",
+            "bytes_in",
+            "bytes_out",
+            "duration_ms",
+            "upstream",
+            "upstream_status",
+            "upstream_ms",
+    ];
+    documented.sort_unstable();
+    assert_eq!(keys, documented, "{line}");
+    assert_eq!(line["request_id"], "log-1");
+    assert_eq!(line["client"], "127.0.0.1");
+    assert_eq!(line["tls"], Value::Null);
+    assert_eq!(line["http"], "1.1");
+    assert_eq!(line["method"], "POST");
+    assert_eq!(line["host"], "127.0.0.1");
+    assert_eq!(line["path"], "/open/upload", "never the query");
+    assert_eq!(line["user_agent"], "observe-test/1.0");
+    assert_eq!(line["api"], "open");
+    assert_eq!(line["status"], 200);
+    assert_eq!(line["bytes_in"], 1234);
+    assert_eq!(line["bytes_out"], sent);
+    assert_eq!(line["upstream"], echo.url().as_str());
+    assert_eq!(line["upstream_status"], 200);
+    let (upstream_ms, duration_ms) = (line["upstream_ms"].as_f64(), line["duration_ms"].as_f64());
+    assert!(matches!((upstream_ms, duration_ms), (Some(u), Some(d)) if u >= 0.0 && d >= u), "{line}");
+
+    // The upstream's own error status, and a target that never answered.
+    let (status, _, _) = send(c.get(dp.url("/open/failing?status=503"))).await?;
+    assert_eq!(status, 503);
+    let line = access_line(&dp, "/open/failing").await?;
+    assert_eq!((line["status"].as_u64(), line["upstream_status"].as_u64()), (Some(503), Some(503)));
+    let (status, _, _) = send(c.get(dp.url("/down/x"))).await?;
+    assert_eq!(status, 502);
+    let line = access_line(&dp, "/down/x").await?;
+    assert_eq!(line["upstream"], dead.as_str());
+    assert_eq!((line["upstream_status"].clone(), line["upstream_ms"].clone()), (Value::Null, Value::Null));
+
+    // HTTP/2 over TLS.
+    let tls = reqwest::Client::builder()
+        .no_proxy()
+        .tls_certs_only([reqwest::Certificate::from_pem(cert.pem().as_bytes())?])
+        .resolve("api.example.test", dp.https_addr)
+        .build()?;
+    let response = tls.get(format!("https://api.example.test:{}/open/secure", dp.https_addr.port())).send().await?;
+    assert_eq!((response.status().as_u16(), response.version()), (200, http::Version::HTTP_2));
+    let line = access_line(&dp, "/open/secure").await?;
+    assert_eq!((line["tls"].as_str(), line["http"].as_str()), (Some("TLSv1.3"), Some("2")));
+    assert_eq!(line["host"], "api.example.test");
+    assert_eq!(line["user_agent"], Value::Null);
+    Ok(())
+}
