@@ -232,6 +232,7 @@ fn handle(
             request_body: None,
             consumer: None,
             status: StatusCode::OK,
+            grpc_status: None,
             access_log,
             in_flight: None,
             table: None,
@@ -254,6 +255,10 @@ fn handle(
         // The gateway's ID replaces any the upstream sent: the client must see the one in the logs.
         response.headers_mut().insert(&shared.options.request_id_header, echo);
         exchange.status = response.status();
+        // gRPC runs over HTTP/2 only: an HTTP/1.1 response is not looked into.
+        if exchange.version == http::Version::HTTP_2 {
+            exchange.grpc_status = log::grpc_status(response.headers());
+        }
         Ok(response.map(|body| LoggedBody::new(body, exchange)))
     }
 }
@@ -276,7 +281,7 @@ fn route_and_forward<'a>(
         let canonical = inbound::canonicalize_path(&mut request, exchange)?;
         // Before any policy: hop-by-hop headers, and those a client may not
         // send, are gone before auth or header rules set theirs.
-        let upgrade = inbound::clean_headers(request.headers_mut(), &shared.options.headers, &shared.options.request_id_header)?;
+        let taken = inbound::clean_headers(request.headers_mut(), &shared.options.headers, &shared.options.request_id_header)?;
         let host = inbound::request_host(&request)?;
         let host = host.as_ref().map(|host| host.name.as_ref());
         if exchange.access_log {
@@ -306,7 +311,7 @@ fn route_and_forward<'a>(
             },
         };
         let raw_path = canonical.raw.filter(|_| api.forward_raw_path);
-        inbound::restore_upgrade(request.headers_mut(), upgrade, api.allow_h2c_upgrade);
+        inbound::restore_upgrade(request.headers_mut(), taken.upgrade, api.allow_h2c_upgrade);
         exchange.api = Some(api.clone());
         // From here the body may be wrapped by policies (size limit, buffering), which must be able to fail it;
         // its time is bounded and its end watched whoever reads it.
@@ -322,7 +327,7 @@ fn route_and_forward<'a>(
             let exchange = &mut *exchange;
             api.policies
                 .apply(request, &path, request_id.as_str(), peer.ip, &mut consumer, move |request| {
-                    forward::forward(api, request, raw_path, peer, options, exchange)
+                    forward::forward(api, request, raw_path, taken.trailers, peer, options, exchange)
                 })
                 .await
         };

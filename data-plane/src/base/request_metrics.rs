@@ -14,6 +14,9 @@ use metrics::{Counter, Histogram};
 
 const METHODS: [&str; 10] = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE", "OTHER"];
 const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+/// gRPC's status codes (0 OK to 16 UNAUTHENTICATED), then any other value.
+const GRPC_CODES: [&str; 18] =
+    ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16", "other"];
 
 /// `sluice_requests_total` and `sluice_request_duration_seconds` of one API.
 #[derive(Debug)]
@@ -26,6 +29,7 @@ pub struct RequestMetrics {
 struct Handles {
     requests: [[OnceLock<Counter>; STATUS_CLASSES.len()]; METHODS.len()],
     duration: Histogram,
+    grpc: [OnceLock<Counter>; GRPC_CODES.len()],
 }
 
 /// Requests that matched no API (404, 405, not ready) are counted under `api="-"`.
@@ -36,11 +40,14 @@ impl RequestMetrics {
         RequestMetrics { api, handles: OnceLock::new() }
     }
 
-    pub fn record(&self, method: &Method, status: StatusCode, elapsed: Duration) {
+    /// `grpc_status`: a gRPC response's `grpc-status`, counted in
+    /// `sluice_grpc_responses_total`.
+    pub fn record(&self, method: &Method, status: StatusCode, elapsed: Duration, grpc_status: Option<u16>) {
         let handles = self.handles.get_or_init(|| {
             Box::new(Handles {
                 requests: Default::default(),
                 duration: metrics::histogram!("sluice_request_duration_seconds", "api" => self.api.to_string()),
+                grpc: Default::default(),
             })
         });
         let (m, s) = (method_index(method), status_class_index(status));
@@ -55,6 +62,18 @@ impl RequestMetrics {
             })
             .increment(1);
         handles.duration.record(elapsed.as_secs_f64());
+        if let Some(code) = grpc_status {
+            let g = usize::from(code).min(GRPC_CODES.len() - 1);
+            handles.grpc[g]
+                .get_or_init(|| {
+                    metrics::counter!(
+                        "sluice_grpc_responses_total",
+                        "api" => self.api.to_string(),
+                        "grpc_status" => GRPC_CODES[g]
+                    )
+                })
+                .increment(1);
+        }
     }
 }
 

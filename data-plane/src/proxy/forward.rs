@@ -19,15 +19,16 @@ use crate::base::{BodyStatus, ClientFault, ProxyBody, ProxyError, RequestBody};
 use crate::routing::CompiledApi;
 use crate::upstream::{InFlight, SendError, Target, Tried};
 
-/// Headers that describe one hop, never the end-to-end message (RFC 9110 §7.6.1).
-pub(super) const HOP_BY_HOP: [HeaderName; 8] = [
+/// Headers that describe one hop, never the end-to-end message (RFC 9110
+/// §7.6.1). Not `Trailer`: it names the trailer fields of the message, end
+/// to end, and an HTTP/1.1 server sends only the trailers it names.
+pub(super) const HOP_BY_HOP: [HeaderName; 7] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
     header::PROXY_AUTHENTICATE,
     header::PROXY_AUTHORIZATION,
     header::TE,
-    header::TRAILER,
     header::TRANSFER_ENCODING,
 ];
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -39,15 +40,19 @@ const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host")
 /// The rewrite happens here, before the future: the future then holds the
 /// rewritten request alone, not it and the client's request (see `proxy::handle`
 /// for why its size matters).
+///
+/// `trailers`: the client said it accepts trailers (`TE: trailers`); an
+/// HTTP/2 upstream is told so too (gRPC servers may refuse a call without it).
 pub(super) fn forward<'a>(
     api: &'a CompiledApi,
     request: Request<RequestBody>,
     raw_path: Option<PathAndQuery>,
+    trailers: bool,
     peer: &'a Peer,
     options: &'a ProxyOptions,
     exchange: &'a mut Exchange,
 ) -> impl Future<Output = Result<Response<ProxyBody>, ProxyError>> + 'a {
-    match Outgoing::rewrite(api, request, raw_path, peer, options) {
+    match Outgoing::rewrite(api, request, raw_path, trailers, peer, options) {
         Ok(outgoing) => Either::Left(send(api, outgoing, peer, exchange)),
         Err(error) => Either::Right(std::future::ready(Err(error))),
     }
@@ -76,6 +81,7 @@ impl Outgoing {
         api: &CompiledApi,
         mut request: Request<RequestBody>,
         raw_path: Option<PathAndQuery>,
+        trailers: bool,
         peer: &Peer,
         options: &ProxyOptions,
     ) -> Result<Self, ProxyError> {
@@ -96,6 +102,11 @@ impl Outgoing {
         };
         let mut headers = parts.headers;
         strip_hop_by_hop(&mut headers);
+        // HTTP/2 allows `te: trailers` and nothing else; HTTP/1.1 would need
+        // it in `Connection` too, and trailers there are for the framing to carry.
+        if trailers && api.upstream.http2() {
+            headers.insert(header::TE, HeaderValue::from_static("trailers"));
+        }
         if let Some(protocol) = upgrade {
             headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
             headers.insert(header::UPGRADE, protocol);
@@ -418,12 +429,13 @@ mod tests {
             ("transfer-encoding", "chunked"),
             ("upgrade", "h2c"),
             ("x-end-to-end", "kept"),
+            ("trailer", "grpc-status"),
         ] {
             h.insert(HeaderName::from_static(k), HeaderValue::from_static(v));
         }
         strip_hop_by_hop(&mut h);
         let left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
-        assert_eq!(left, vec!["x-end-to-end"]);
+        assert_eq!(left, vec!["x-end-to-end", "trailer"]);
     }
 
     #[test]

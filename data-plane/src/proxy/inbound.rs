@@ -48,6 +48,15 @@ impl HeaderLimits {
 /// host has been routed by.
 const FRAMING: [HeaderName; 3] = [header::CONTENT_LENGTH, header::TRANSFER_ENCODING, header::HOST];
 
+/// What the hop-by-hop strip took that the forward may need again.
+#[derive(Default)]
+pub(super) struct HopByHop {
+    /// The client asks to switch protocols (for [`restore_upgrade`]).
+    pub upgrade: Option<Upgrade>,
+    /// The client accepts trailers (`TE: trailers`), as gRPC clients say.
+    pub trailers: bool,
+}
+
 /// A client's wish to switch protocols, held across the hop-by-hop strip
 /// until the API is known.
 pub(super) struct Upgrade {
@@ -78,7 +87,7 @@ pub(super) fn request_id(headers: &mut HeaderMap, name: &HeaderName) -> (Request
 }
 
 /// The inbound header stage. Returns the protocol the client asks to switch
-/// to, for [`restore_upgrade`] once the API is known. One pass over the
+/// to, for [`restore_upgrade`] once the API is known, and whether it accepts trailers. One pass over the
 /// headers finds what needs doing; a request with nothing to remove, the
 /// usual case, is left alone. The request-ID header stays even when the
 /// client names it in `Connection`: the gateway set or checked it.
@@ -86,7 +95,7 @@ pub(super) fn clean_headers(
     headers: &mut HeaderMap,
     limits: &HeaderLimits,
     request_id: &HeaderName,
-) -> Result<Option<Upgrade>, ProxyError> {
+) -> Result<HopByHop, ProxyError> {
     let (mut total, mut hop_by_hop, mut underscores, mut gateway_set) = (0usize, false, false, false);
     for (name, value) in headers.iter() {
         let size = name.as_str().len() + value.len();
@@ -101,11 +110,17 @@ pub(super) fn clean_headers(
     if total > limits.total as usize {
         return Err(ProxyError::HeadersTooLarge { limit: limits.total, what: "the request headers" });
     }
-    let mut upgrade = None;
+    let mut taken = HopByHop::default();
     if hop_by_hop {
         only_chunked(headers)?;
-        upgrade = upgrade_protocol(headers)
+        taken.upgrade = upgrade_protocol(headers)
             .map(|protocol| Upgrade { protocol, http2_settings: headers.get(HTTP2_SETTINGS).cloned() });
+        taken.trailers = headers
+            .get_all(header::TE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|token| token.trim().eq_ignore_ascii_case("trailers"));
         for name in named_in_connection(headers) {
             if !FRAMING.contains(&name) && name != request_id {
                 headers.remove(name);
@@ -126,7 +141,7 @@ pub(super) fn clean_headers(
             headers.remove(name);
         }
     }
-    Ok(upgrade)
+    Ok(taken)
 }
 
 /// A request's `Transfer-Encoding` must be `chunked` alone. hyper frames the
@@ -293,7 +308,8 @@ mod tests {
             ("host", "a.example"),
             ("x-kept", "yes"),
         ]);
-        assert!(clean_headers(&mut map, &DEFAULT_HEADER_LIMITS, &X_REQUEST_ID).unwrap().is_none());
+        let taken = clean_headers(&mut map, &DEFAULT_HEADER_LIMITS, &X_REQUEST_ID).unwrap();
+        assert!(taken.upgrade.is_none() && taken.trailers);
         assert_eq!(names(&map), ["transfer-encoding", "host", "x-kept"]);
 
         let mut map = headers(&[("x_custom", "1"), ("x-kept", "yes")]);
@@ -335,7 +351,8 @@ mod tests {
             let mut map = upgrade(protocol);
             let found = clean_headers(&mut map, &DEFAULT_HEADER_LIMITS, &X_REQUEST_ID).unwrap();
             assert!(map.is_empty(), "{protocol}: {map:?}");
-            restore_upgrade(&mut map, found, allow_h2c);
+            assert!(!found.trailers);
+            restore_upgrade(&mut map, found.upgrade, allow_h2c);
             assert_eq!(map.get(header::UPGRADE).is_some(), kept, "{protocol} {allow_h2c}");
             assert_eq!(map.get(HTTP2_SETTINGS).is_some(), kept && allow_h2c, "{protocol} {allow_h2c}");
         }

@@ -11,7 +11,7 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{Method, StatusCode, Version};
+use http::{HeaderMap, HeaderName, Method, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use serde::Serialize;
 
@@ -53,6 +53,8 @@ pub struct Exchange {
     pub request_body: Option<BodyStatus>,
     pub consumer: Option<Arc<str>>,
     pub status: StatusCode,
+    /// A gRPC response's `grpc-status`, from its headers or its trailers.
+    pub grpc_status: Option<u16>,
     pub access_log: bool,
     /// Keeps the target's in-flight count up until the response body ends.
     pub in_flight: Option<InFlight>,
@@ -81,6 +83,7 @@ struct Line<'a> {
     upstream: Option<&'a str>,
     upstream_status: Option<u16>,
     upstream_ms: Option<f64>,
+    grpc_status: Option<u16>,
 }
 
 /// A response body that reports its exchange when it ends or is dropped.
@@ -112,6 +115,11 @@ impl Body for LoggedBody {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
                     self.bytes += data.len() as u64;
+                } else if let Some(trailers) = frame.trailers_ref()
+                    && let Some(status) = grpc_status(trailers)
+                    && let Some(exchange) = self.exchange.as_mut()
+                {
+                    exchange.grpc_status = Some(status);
                 }
             }
             Poll::Ready(None) => self.finish(),
@@ -134,6 +142,14 @@ impl Drop for LoggedBody {
         // hyper may drop a body it knows is empty without polling it to the end.
         self.finish();
     }
+}
+
+const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+
+/// The `grpc-status` in a gRPC response's headers (a call that failed at
+/// once) or trailers (every other call).
+pub(super) fn grpc_status(headers: &HeaderMap) -> Option<u16> {
+    headers.get(GRPC_STATUS).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok())
 }
 
 /// Milliseconds with microseconds as decimals.
@@ -167,7 +183,7 @@ pub(super) fn user_agent(value: &http::HeaderValue) -> Box<str> {
 fn report(exchange: &Exchange, bytes: u64) {
     let elapsed = exchange.started.elapsed();
     let metrics = exchange.api.as_ref().map_or(&*UNROUTED, |api| &api.metrics);
-    metrics.record(&exchange.method, exchange.status, elapsed);
+    metrics.record(&exchange.method, exchange.status, elapsed, exchange.grpc_status);
     if !exchange.access_log {
         return;
     }
@@ -190,6 +206,7 @@ fn report(exchange: &Exchange, bytes: u64) {
         upstream: exchange.upstream_target.as_ref().map(|target| target.url.as_str()),
         upstream_status: exchange.upstream_status.map(|status| status.as_u16()),
         upstream_ms: exchange.upstream_elapsed.map(millis),
+        grpc_status: exchange.grpc_status,
     };
     if let Ok(mut text) = serde_json::to_vec(&line) {
         text.push(b'\n');

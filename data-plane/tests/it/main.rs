@@ -9,6 +9,7 @@ mod raw_http;
 mod support;
 
 mod compilable;
+mod grpc;
 mod hostile_clients;
 mod hostile_headers;
 mod hostile_paths;

@@ -232,6 +232,7 @@ async fn the_access_log_line_has_every_field() -> Result<()> {
             "upstream",
             "upstream_status",
             "upstream_ms",
+            "grpc_status",
     ];
     documented.sort_unstable();
     assert_eq!(keys, documented, "{line}");
