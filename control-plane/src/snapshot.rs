@@ -224,10 +224,10 @@ fn upstream(upstream: &model::Upstream) -> v1::Upstream {
             client_certificate: t.client_certificate.clone().unwrap_or_default(),
         }),
         http2: upstream.http2,
-        retry_budget: upstream.retry_budget.as_ref().map(|b| v1::RetryBudget {
-            ratio: b.ratio,
-            min_retries_per_second: b.min_retries_per_second,
-        }),
+        retry_budget: upstream
+            .retry_budget
+            .as_ref()
+            .map(|b| v1::RetryBudget { ratio: b.ratio, min_retries_per_second: b.min_retries_per_second }),
     }
 }
 

@@ -45,11 +45,53 @@ pub fn metrics_handle() -> PrometheusHandle {
                 warn!(error = %e, "a metrics recorder is already installed; /metrics will be empty");
             } else {
                 crate::sync::describe_metrics();
+                describe_proxy_metrics();
                 spawn_upkeep(handle.clone());
             }
             handle
         })
         .clone()
+}
+
+/// `# HELP` for every series of the request path (the sync client's are in
+/// `sync::describe_metrics`), in one place: docs/operations.md lists the same.
+fn describe_proxy_metrics() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        "sluice_requests_total",
+        "Requests answered, by API (`-`: no route), method, status and status class"
+    );
+    describe_histogram!(
+        "sluice_request_duration_seconds",
+        Unit::Seconds,
+        "From a request's head to the last byte of its response, by API"
+    );
+    describe_counter!("sluice_request_bytes_total", Unit::Bytes, "Request body bytes read from clients, by API");
+    describe_counter!("sluice_response_bytes_total", Unit::Bytes, "Response body bytes sent to clients, by API");
+    describe_counter!("sluice_grpc_responses_total", "gRPC calls answered, by API and grpc-status");
+    describe_counter!("sluice_consumer_requests_total", "Authenticated requests per configured consumer");
+    describe_counter!("sluice_policy_rejections_total", "Requests a policy refused, by API, policy and status");
+    describe_counter!("sluice_rate_limited_total", "Requests refused by a rate limit (429), by API");
+    describe_counter!("sluice_rate_limit_redis_errors_total", "Cluster-wide rate limit checks Redis failed, by API");
+    describe_counter!("sluice_auth_failures_total", "Failed authentications");
+    describe_counter!(
+        "sluice_auth_limited_total",
+        "Requests refused because their client failed authentication too often"
+    );
+    describe_counter!("sluice_password_verifications_total", "Basic-auth passwords checked with argon2");
+    describe_gauge!(
+        "sluice_upstream_healthy",
+        "1 while a target takes traffic, 0 while a health check or ejection keeps it out"
+    );
+    describe_gauge!("sluice_upstream_active_connections", "Requests in flight on a target");
+    describe_histogram!(
+        "sluice_upstream_request_duration_seconds",
+        Unit::Seconds,
+        "From sending an attempt to a target to its response head, by upstream"
+    );
+    describe_counter!("sluice_jwks_fetches_total", "JWKS fetches from a jwt policy's jwks_url, by URL and result");
+    describe_counter!("sluice_upstream_retries_total", "Retries sent, by upstream");
+    describe_counter!("sluice_upstream_retries_refused_total", "Retries the upstream's retry budget refused");
 }
 
 /// How often histogram samples are folded into their buckets.

@@ -281,7 +281,8 @@ fn route_and_forward<'a>(
         let canonical = inbound::canonicalize_path(&mut request, exchange)?;
         // Before any policy: hop-by-hop headers, and those a client may not
         // send, are gone before auth or header rules set theirs.
-        let taken = inbound::clean_headers(request.headers_mut(), &shared.options.headers, &shared.options.request_id_header)?;
+        let taken =
+            inbound::clean_headers(request.headers_mut(), &shared.options.headers, &shared.options.request_id_header)?;
         let host = inbound::request_host(&request)?;
         let host = host.as_ref().map(|host| host.name.as_ref());
         if exchange.access_log {
@@ -317,9 +318,7 @@ fn route_and_forward<'a>(
         // its time is bounded and its end watched whoever reads it.
         let started = tokio::time::Instant::from_std(exchange.started);
         let request = client_body::watch(request, shared.options.client_body_timeout, started);
-        if exchange.access_log {
-            exchange.request_body = request.extensions().get::<BodyStatus>().cloned();
-        }
+        exchange.request_body = request.extensions().get::<BodyStatus>().cloned();
         let (api, options) = (api.as_ref(), &shared.options);
         let mut consumer = None;
         let (path, request_id) = (exchange.path.clone(), exchange.request_id);

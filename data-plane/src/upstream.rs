@@ -16,7 +16,7 @@ use std::time::Duration;
 use http::uri::{Authority, Scheme};
 use http::{HeaderValue, Request, Response, Uri};
 use hyper_util::client::legacy::connect::HttpConnector;
-use metrics::{Counter, Gauge};
+use metrics::{Counter, Gauge, Histogram};
 use sluice_proto::v1;
 
 use crate::base::{ProxyBody, RequestBody};
@@ -162,6 +162,8 @@ pub struct UpstreamPool {
     retry_budget: RetryBudget,
     retries: Counter,
     retries_refused: Counter,
+    /// `sluice_upstream_request_duration_seconds`: each answered attempt.
+    latency: Histogram,
     health_task: Option<tokio::task::AbortHandle>,
     idle_sweep_task: Option<tokio::task::AbortHandle>,
 }
@@ -261,6 +263,7 @@ impl UpstreamPool {
             retry_budget: RetryBudget::new(spec.retry_budget.as_ref()),
             retries: metrics::counter!("sluice_upstream_retries_total", "upstream" => spec.name.clone()),
             retries_refused: metrics::counter!("sluice_upstream_retries_refused_total", "upstream" => spec.name.clone()),
+            latency: metrics::histogram!("sluice_upstream_request_duration_seconds", "upstream" => spec.name.clone()),
             health_task,
             idle_sweep_task,
         }))
@@ -303,6 +306,11 @@ impl UpstreamPool {
         })?;
         tried.mark(i);
         Some(self.targets[i].clone())
+    }
+
+    /// A target answered an attempt after `elapsed` (to its response head).
+    pub fn record_latency(&self, elapsed: Duration) {
+        self.latency.record(elapsed.as_secs_f64());
     }
 
     /// The target answered: a failure if the upstream's passive check counts that status, a success otherwise.
@@ -380,10 +388,10 @@ struct RetryBudget {
 
 impl RetryBudget {
     fn new(spec: Option<&v1::RetryBudget>) -> Self {
-        let (ratio, min_per_second) = spec.map_or(
-            (sluice_proto::DEFAULT_RETRY_RATIO, sluice_proto::DEFAULT_MIN_RETRIES_PER_SECOND),
-            |b| (b.ratio, b.min_retries_per_second),
-        );
+        let (ratio, min_per_second) = spec
+            .map_or((sluice_proto::DEFAULT_RETRY_RATIO, sluice_proto::DEFAULT_MIN_RETRIES_PER_SECOND), |b| {
+                (b.ratio, b.min_retries_per_second)
+            });
         // Validated to 0..=1 (proto); the clamp keeps a NaN from a skewed peer harmless.
         let deposit = (ratio.clamp(0.0, 1.0) * RETRY_COST as f64).round() as i64;
         let refill_per_ms = i64::from(min_per_second);
@@ -400,7 +408,9 @@ impl RetryBudget {
     fn deposit(&self) {
         if self.deposit > 0 {
             let capacity = self.capacity;
-            let _ = self.balance.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| Some((b + self.deposit).min(capacity)));
+            let _ = self
+                .balance
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| Some((b + self.deposit).min(capacity)));
         }
     }
 
@@ -413,7 +423,9 @@ impl RetryBudget {
         {
             let refill = i64::try_from(now_ms - last).unwrap_or(i64::MAX).saturating_mul(self.refill_per_ms);
             let capacity = self.capacity;
-            let _ = self.balance.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| Some(b.saturating_add(refill).min(capacity)));
+            let _ = self
+                .balance
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| Some(b.saturating_add(refill).min(capacity)));
         }
         self.balance
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| (b >= RETRY_COST).then_some(b - RETRY_COST))

@@ -667,11 +667,16 @@ mod tests {
             (1.0, 1_000, &[]),
             (1.5, 10, &["/upstreams/backend/retry_budget/ratio"]),
             (-0.1, 10, &["/upstreams/backend/retry_budget/ratio"]),
-            (f64::NAN, 1_001, &["/upstreams/backend/retry_budget/ratio", "/upstreams/backend/retry_budget/min_retries_per_second"]),
+            (
+                f64::NAN,
+                1_001,
+                &["/upstreams/backend/retry_budget/ratio", "/upstreams/backend/retry_budget/min_retries_per_second"],
+            ),
         ] {
             let mut backend = upstream("backend");
             backend.retry_budget = Some(RetryBudget { ratio, min_retries_per_second: min });
-            let snapshot = Snapshot { apis: vec![api("shop", "backend")], upstreams: vec![backend], ..Default::default() };
+            let snapshot =
+                Snapshot { apis: vec![api("shop", "backend")], upstreams: vec![backend], ..Default::default() };
             assert_eq!(paths(&snapshot), bad, "{ratio} {min}");
         }
     }

@@ -156,9 +156,7 @@ mod tests {
         }
         // Another thread has its own slot: no collision with this one's counter.
         let other: Vec<String> =
-            std::thread::spawn(|| (0..100).map(|_| RequestId::make().as_str().to_owned()).collect())
-                .join()
-                .unwrap();
+            std::thread::spawn(|| (0..100).map(|_| RequestId::make().as_str().to_owned()).collect()).join().unwrap();
         assert!(other.iter().all(|id| !seen.contains(id)));
         let first = RequestId::make();
         assert_eq!(&first.as_str()[..10], &other[0][..10], "one prefix per process");

@@ -27,6 +27,11 @@ use crate::fast_map::FastMap;
 /// so nobody can claim to be a consumer by sending the header.
 pub const X_CONSUMER_USERNAME: HeaderName = HeaderName::from_static("x-consumer-username");
 
+/// The `policy` of every authentication refusal (basic, API key, JWT, or
+/// several at once): one label value for the step, whatever methods an API
+/// combines, so one query counts every API's auth refusals.
+const AUTHENTICATION: &str = "authentication";
+
 /// The schemes are boxed, like the other policies in [`PolicyChain`]: most
 /// APIs configure few of them, and every API's chain is held in memory.
 ///
@@ -197,7 +202,7 @@ impl Authentication {
             parts.path_and_query = PathAndQuery::try_from(rewritten).ok();
             // Fail closed: a request whose key cannot be removed is not forwarded.
             let uri = Uri::from_parts(parts).map_err(|_| {
-                Rejection::new("api_key", StatusCode::BAD_REQUEST, "bad-request", "Bad request")
+                Rejection::new(AUTHENTICATION, StatusCode::BAD_REQUEST, "bad-request", "Bad request")
                     .detail("The request target cannot be rewritten.")
             })?;
             *request.uri_mut() = uri;
@@ -205,36 +210,29 @@ impl Authentication {
         Ok(())
     }
 
-    /// The policy named in rejections and their metric: the one method, or
-    /// `authentication` for several.
-    fn policy(&self) -> &'static str {
-        match (&self.api_key, &self.jwt, &self.basic) {
-            (Some(_), None, None) => "api_key",
-            (None, Some(_), None) => "jwt",
-            (None, None, Some(_)) => "basic_auth",
-            _ => "authentication",
-        }
-    }
-
     fn too_many_failures(&self, retry: Duration) -> Rejection {
         let seconds = retry.as_secs() + u64::from(retry.subsec_nanos() > 0);
-        let mut rejection =
-            Rejection::new(self.policy(), StatusCode::TOO_MANY_REQUESTS, "too-many-requests", "Too many failed logins")
-                .detail(format!("Too many failed authentications; retry in {seconds} s."));
+        let mut rejection = Rejection::new(
+            AUTHENTICATION,
+            StatusCode::TOO_MANY_REQUESTS,
+            "too-many-requests",
+            "Too many failed logins",
+        )
+        .detail(format!("Too many failed authentications; retry in {seconds} s."));
         rejection.headers.push((header::RETRY_AFTER, HeaderValue::from(seconds)));
         rejection
     }
 
     fn busy(&self) -> Rejection {
         let mut rejection =
-            Rejection::new(self.policy(), StatusCode::SERVICE_UNAVAILABLE, "busy", "Authentication busy")
+            Rejection::new(AUTHENTICATION, StatusCode::SERVICE_UNAVAILABLE, "busy", "Authentication busy")
                 .detail("Too many logins are being checked; retry shortly.");
         rejection.headers.push((header::RETRY_AFTER, HeaderValue::from_static("1")));
         rejection
     }
 
     fn unauthorized(&self, presented: bool, failures: &[String]) -> Rejection {
-        let policy = self.policy();
+        let policy = AUTHENTICATION;
         let detail = if presented {
             format!("Authentication failed: {}.", failures.join("; "))
         } else {

@@ -218,8 +218,10 @@ fn send<'a>(
             let attempt_started = Instant::now();
             match tokio::time::timeout(api.request_timeout, pool.send(&target, request, api.connect_timeout)).await {
                 Ok(Ok(response)) => {
+                    let elapsed = attempt_started.elapsed();
+                    pool.record_latency(elapsed);
                     exchange.upstream_status = Some(response.status());
-                    exchange.upstream_elapsed = Some(attempt_started.elapsed());
+                    exchange.upstream_elapsed = Some(elapsed);
                     pool.record_answer(&target, response.status());
                     return Ok(finish_response(response, outgoing.client_upgrade.take(), in_flight, exchange));
                 }

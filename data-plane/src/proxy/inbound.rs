@@ -363,10 +363,16 @@ mod tests {
         let limits = HeaderLimits { total: 1000, field: 300, underscores: false };
         let big = "x".repeat(300);
         let mut one = headers(&[("x-big", big.as_str())]);
-        assert!(matches!(clean_headers(&mut one, &limits, &X_REQUEST_ID), Err(ProxyError::HeadersTooLarge { limit: 300, .. })));
+        assert!(matches!(
+            clean_headers(&mut one, &limits, &X_REQUEST_ID),
+            Err(ProxyError::HeadersTooLarge { limit: 300, .. })
+        ));
         let value = "x".repeat(250);
         let mut many = headers(&[("a", &value), ("b", &value), ("c", &value), ("d", &value)]);
-        assert!(matches!(clean_headers(&mut many, &limits, &X_REQUEST_ID), Err(ProxyError::HeadersTooLarge { limit: 1000, .. })));
+        assert!(matches!(
+            clean_headers(&mut many, &limits, &X_REQUEST_ID),
+            Err(ProxyError::HeadersTooLarge { limit: 1000, .. })
+        ));
         let mut fine = headers(&[("a", &value), ("b", &value), ("c", &value)]);
         assert!(clean_headers(&mut fine, &limits, &X_REQUEST_ID).is_ok());
     }

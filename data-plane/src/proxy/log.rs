@@ -4,10 +4,10 @@
 //! the real byte count and duration even for long streamed responses.
 
 use std::io::Write;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -49,7 +49,8 @@ pub struct Exchange {
     /// from the attempt's start; `None` when no target answered.
     pub upstream_status: Option<StatusCode>,
     pub upstream_elapsed: Option<Duration>,
-    /// Counts the client's body as it is read (requests with a body only).
+    /// Counts the client's body as it is read (requests with a body only),
+    /// for the access log and the byte counters.
     pub request_body: Option<BodyStatus>,
     pub consumer: Option<Arc<str>>,
     pub status: StatusCode,
@@ -183,7 +184,8 @@ pub(super) fn user_agent(value: &http::HeaderValue) -> Box<str> {
 fn report(exchange: &Exchange, bytes: u64) {
     let elapsed = exchange.started.elapsed();
     let metrics = exchange.api.as_ref().map_or(&*UNROUTED, |api| &api.metrics);
-    metrics.record(&exchange.method, exchange.status, elapsed, exchange.grpc_status);
+    let bytes_in = exchange.request_body.as_ref().map_or(0, BodyStatus::received);
+    metrics.record(&exchange.method, exchange.status, elapsed, (bytes_in, bytes), exchange.grpc_status);
     if !exchange.access_log {
         return;
     }
@@ -200,7 +202,7 @@ fn report(exchange: &Exchange, bytes: u64) {
         api: exchange.api.as_ref().map(|api| api.name.as_str()),
         consumer: exchange.consumer.as_deref(),
         status: exchange.status.as_u16(),
-        bytes_in: exchange.request_body.as_ref().map_or(0, BodyStatus::received),
+        bytes_in,
         bytes_out: bytes,
         duration_ms: millis(elapsed),
         upstream: exchange.upstream_target.as_ref().map(|target| target.url.as_str()),

@@ -209,5 +209,6 @@ async fn grpc_calls_pass_through_with_trailers_and_their_status() -> Result<()> 
         let series = format!("sluice_grpc_responses_total{{api=\"echo\",grpc_status=\"{code}\"}} {n}");
         assert!(text.lines().any(|line| line == series), "no `{series}` in\n{text}");
     }
+    crate::observe::assert_every_series_has_help(&text);
     Ok(())
 }

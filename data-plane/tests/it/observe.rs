@@ -40,6 +40,14 @@ fn upstream(name: &str, urls: &[String]) -> v1::Upstream {
     }
 }
 
+/// Every series on `/metrics` is explained by a `# HELP` line.
+pub fn assert_every_series_has_help(text: &str) {
+    let typed = text.lines().filter_map(|line| line.strip_prefix("# TYPE ")?.split_whitespace().next());
+    let missing: Vec<&str> =
+        typed.filter(|name| !text.lines().any(|line| line.starts_with(&format!("# HELP {name} ")))).collect();
+    assert!(missing.is_empty(), "no # HELP for {missing:?} in\n{text}");
+}
+
 /// The access log lines (stdout after the address line) whose `path` is `path`.
 fn access_lines(dp: &DataPlane, path: &str) -> Vec<Value> {
     dp.process
@@ -63,7 +71,8 @@ async fn access_line(dp: &DataPlane, path: &str) -> Result<Value> {
 async fn request_ids_are_taken_or_made_and_seen_everywhere() -> Result<()> {
     let echo = Upstream::start("echo").await?;
     let dead = format!("http://{}", unused_addr().await?);
-    let deny_all = Kind::IpRestriction(v1::IpRestriction { allow: vec![], deny: vec!["0.0.0.0/0".into(), "::/0".into()] });
+    let deny_all =
+        Kind::IpRestriction(v1::IpRestriction { allow: vec![], deny: vec!["0.0.0.0/0".into(), "::/0".into()] });
     let snapshot = v1::Snapshot {
         version: 1,
         apis: vec![
@@ -98,7 +107,8 @@ async fn request_ids_are_taken_or_made_and_seen_everywhere() -> Result<()> {
 
     // Malformed, too long or repeated: replaced, and the upstream sees only the replacement.
     let long = "a".repeat(65);
-    for (path, sent) in [("/open/bad", vec!["a b<script>"]), ("/open/long", vec![&long]), ("/open/two", vec!["x", "y"])] {
+    for (path, sent) in [("/open/bad", vec!["a b<script>"]), ("/open/long", vec![&long]), ("/open/two", vec!["x", "y"])]
+    {
         let mut request = c.get(dp.url(path));
         for value in &sent {
             request = request.header("x-request-id", *value);
@@ -175,6 +185,11 @@ async fn with_one_of_two_targets_dead_retries_go_to_the_live_one_and_none_fails(
     assert_eq!(dp.metric("sluice_upstream_retries_refused_total").await?, Some(0.0));
     let received: Value = client().get(format!("{}/__received", live.url())).send().await?.json().await?;
     assert_eq!(received["count"], 100);
+    let text = client().get(dp.ops_url("/metrics")).send().await?.text().await?;
+    assert_every_series_has_help(&text);
+    // The live target's answers, timed; bytes per API.
+    assert_eq!(crate::support::metric_sum(&text, "sluice_upstream_request_duration_seconds_count"), Some(100.0));
+    assert!(crate::support::metric_sum(&text, "sluice_response_bytes_total").is_some_and(|n| n > 0.0), "{text}");
     Ok(())
 }
 
@@ -187,7 +202,7 @@ async fn the_access_log_line_has_every_field() -> Result<()> {
     let snapshot = v1::Snapshot {
         version: 1,
         apis: vec![api("open", "/open", "live", vec![]), api("down", "/down", "dead", vec![])],
-        upstreams: vec![upstream("live", &[echo.url()]), upstream("dead", &[dead.clone()])],
+        upstreams: vec![upstream("live", &[echo.url()]), upstream("dead", std::slice::from_ref(&dead))],
         certificates: vec![v1::Certificate {
             name: "site".into(),
             chain_pem: cert.pem(),
@@ -214,25 +229,25 @@ async fn the_access_log_line_has_every_field() -> Result<()> {
     let mut keys: Vec<&str> = line.as_object().context("an object")?.keys().map(String::as_str).collect();
     keys.sort_unstable();
     let mut documented = [
-            "time",
-            "request_id",
-            "client",
-            "tls",
-            "http",
-            "method",
-            "host",
-            "path",
-            "user_agent",
-            "api",
-            "consumer",
-            "status",
-            "bytes_in",
-            "bytes_out",
-            "duration_ms",
-            "upstream",
-            "upstream_status",
-            "upstream_ms",
-            "grpc_status",
+        "time",
+        "request_id",
+        "client",
+        "tls",
+        "http",
+        "method",
+        "host",
+        "path",
+        "user_agent",
+        "api",
+        "consumer",
+        "status",
+        "bytes_in",
+        "bytes_out",
+        "duration_ms",
+        "upstream",
+        "upstream_status",
+        "upstream_ms",
+        "grpc_status",
     ];
     documented.sort_unstable();
     assert_eq!(keys, documented, "{line}");

@@ -552,7 +552,7 @@ async fn access_log_and_metrics_name_the_consumer() -> Result<()> {
     assert!(metrics.contains(r#"sluice_consumer_requests_total{consumer="ann"} 2"#), "{metrics}");
     assert!(
         metrics.lines().any(|l| l.starts_with("sluice_policy_rejections_total")
-            && l.contains(r#"policy="basic_auth""#)
+            && l.contains(r#"policy="authentication""#)
             && l.contains(r#"status="401""#)),
         "{metrics}"
     );
