@@ -1,209 +1,77 @@
 //! The `openapi` policy, in the request path after authentication and rate
-//! limiting (body validation last, because it buffers): an API bound to a spec
-//! has each request checked against the spec's path templates, methods,
-//! parameters, content types and JSON bodies, and optionally each upstream
-//! response too. `SpecValidator::compile` does all the work that can be done
-//! once per snapshot (parsing, `$ref`s, schema compilation, the path router);
-//! `match_request` (then `RequestMatch::check`) and `validate_response` only
-//! match and run validators.
+//! limiting (body validation last, because it buffers). The spec is compiled
+//! and checked by `sluice_proto::openapi`, the code the control plane refuses
+//! an uncompilable spec with; what is left here is the rejection a client
+//! receives: DESIGN.md's validation problem.
 
-mod body;
-mod document;
-mod failure;
-mod operation;
-mod params;
-mod router;
-mod schema;
+use std::collections::BTreeMap;
+
+use http::{HeaderValue, Method, Response, header};
+use serde::Serialize;
+
+use crate::base::{ProxyBody, problem};
+
+pub use sluice_proto::openapi::{RequestMatch, SpecValidator, ValidationFailure};
+
 #[cfg(test)]
 mod tests;
 
-use std::fmt;
-use std::sync::Arc;
+const VALIDATION_SLUG: &str = "validation";
 
-use http::{HeaderMap, Method, StatusCode};
-use serde_json::Value;
-use sluice_proto::v1;
-
-pub use failure::ValidationFailure;
-
-use document::{Version, escape, resolve};
-use operation::{Location, Operation};
-use router::{Found, Router};
-use schema::SchemaCompiler;
-
-/// Why a spec cannot be compiled; becomes the snapshot's NACK reason.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum SpecError {
-    #[error("the document is not valid JSON: {0}")]
-    Json(#[from] serde_json::Error),
-    #[error("unsupported OpenAPI version: {0}")]
-    Version(String),
-    #[error("cannot resolve `{reference}`: {reason}")]
-    Ref { reference: String, reason: String },
-    #[error("invalid object at #{pointer}: {reason}")]
-    Invalid { pointer: String, reason: String },
-    #[error("invalid schema at {pointer}: {reason}")]
-    Schema { pointer: String, reason: String },
-    #[error("path `{template}` cannot be routed: {reason}")]
-    Route { template: String, reason: String },
+/// DESIGN.md's validation problem: the common members, then what failed where
+/// (request failures only: a response failure's details stay in the log).
+#[derive(Serialize)]
+struct ValidationProblem<'a> {
+    #[serde(rename = "type", serialize_with = "problem::type_uri")]
+    slug: &'a str,
+    title: &'a str,
+    #[serde(serialize_with = "problem::status_code")]
+    status: http::StatusCode,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    detail: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    validation: Option<Validation<'a>>,
+    request_id: &'a str,
 }
 
-/// HTTP methods OpenAPI path items can hold, by their key in the document.
-const METHODS: [(&str, Method); 8] = [
-    ("get", Method::GET),
-    ("put", Method::PUT),
-    ("post", Method::POST),
-    ("delete", Method::DELETE),
-    ("options", Method::OPTIONS),
-    ("head", Method::HEAD),
-    ("patch", Method::PATCH),
-    ("trace", Method::TRACE),
-];
-
-/// What a compiled validator was built from: equal inputs give an equal
-/// validator, so a snapshot that leaves them alone reuses the old one.
-#[derive(PartialEq, Eq)]
-struct Inputs {
-    json: String,
-    validate_requests: bool,
-    validate_responses: bool,
-    path_prefix: String,
+#[derive(Serialize)]
+struct Validation<'a> {
+    method: &'a str,
+    #[serde(rename = "uriTemplate")]
+    uri_template: Option<&'a str>,
+    errors: BTreeMap<&'a str, Vec<Message<'a>>>,
 }
 
-/// An API's spec, compiled: immutable and shared by every request on the
-/// routing table that holds it.
-pub struct SpecValidator {
-    inputs: Inputs,
-    spec_name: String,
-    router: Router,
+#[derive(Serialize)]
+struct Message<'a> {
+    message: &'a str,
 }
 
-impl fmt::Debug for SpecValidator {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SpecValidator")
-            .field("spec", &self.spec_name)
-            .field("validate_requests", &self.inputs.validate_requests)
-            .field("validate_responses", &self.inputs.validate_responses)
-            .finish_non_exhaustive()
-    }
-}
-
-impl SpecValidator {
-    /// Compiles `spec` for `api`. Returns `previous` itself when the spec
-    /// text, the binding and the API prefix are unchanged. The error names
-    /// the spec and what is wrong with it.
-    pub fn compile(
-        spec: &v1::Spec,
-        binding: &v1::OpenApiBinding,
-        api: &v1::Api,
-        previous: Option<&Arc<SpecValidator>>,
-    ) -> Result<Arc<SpecValidator>, String> {
-        let inputs = Inputs {
-            json: spec.json.clone(),
-            validate_requests: binding.validate_requests,
-            validate_responses: binding.validate_responses,
-            path_prefix: api.path_prefix.clone(),
-        };
-        if let Some(previous) = previous
-            && previous.inputs == inputs
-        {
-            return Ok(previous.clone());
-        }
-        let router = build_router(&inputs).map_err(|e| format!("spec `{}`: {e}", spec.name))?;
-        Ok(Arc::new(SpecValidator { inputs, spec_name: spec.name.clone(), router }))
-    }
-
-    pub fn validates_requests(&self) -> bool {
-        self.inputs.validate_requests
-    }
-
-    pub fn validates_responses(&self) -> bool {
-        self.inputs.validate_responses
-    }
-
-    /// Matches a request to its operation, once per request: the match says
-    /// whether the body must be buffered, then checks the request. A request
-    /// no operation serves fails here (404 or 405), before its body is read.
-    /// Only for APIs that validate requests ([`Self::validates_requests`]).
-    pub fn match_request<'a, 'p>(
-        &'a self,
-        method: &Method,
-        path: &'p str,
-    ) -> Result<RequestMatch<'a, 'p>, ValidationFailure> {
-        self.router.find(method, path).map(|found| RequestMatch { found })
-    }
-
-    /// Checks an upstream response to `method path` (status, declared headers,
-    /// content type, JSON body). A failure's status is 502. Always `Ok` when
-    /// response validation is off, or when the request matches no operation
-    /// (request validation, if on, has already refused such requests).
-    pub fn validate_response(
-        &self,
-        method: &Method,
-        path: &str,
-        status: StatusCode,
-        headers: &HeaderMap,
-        body: &[u8],
-    ) -> Result<(), ValidationFailure> {
-        if !self.inputs.validate_responses {
-            return Ok(());
-        }
-        match self.router.find(method, path) {
-            Ok(found) => found.operation.check_response(method, status, headers, body),
-            Err(_) => Ok(()),
+/// The problem-details response. A request failure names every violation
+/// so the client can fix them all at once; a response failure does not
+/// echo the upstream's data to the client (it is in the log instead).
+pub fn respond(failure: &ValidationFailure, request_id: &str) -> Response<ProxyBody> {
+    let validation = (!failure.is_response()).then(|| Validation {
+        method: failure.method().as_str(),
+        uri_template: failure.uri_template(),
+        errors: failure
+            .errors()
+            .map(|(location, messages)| (location, messages.iter().map(|m| Message { message: m }).collect()))
+            .collect(),
+    });
+    let (title, detail) = if failure.is_response() {
+        ("Response validation failed", Some("The upstream's response does not match the API specification."))
+    } else {
+        ("Request validation failed", None)
+    };
+    let status = failure.status();
+    let body = ValidationProblem { slug: VALIDATION_SLUG, title, status, detail, validation, request_id };
+    let mut response = problem::respond(status, &body);
+    if !failure.allow().is_empty() {
+        let names: Vec<&str> = failure.allow().iter().map(Method::as_str).collect();
+        if let Ok(value) = HeaderValue::from_str(&names.join(", ")) {
+            response.headers_mut().insert(header::ALLOW, value);
         }
     }
-}
-
-/// A request's operation with its path parameters, found by [`SpecValidator::match_request`].
-pub struct RequestMatch<'a, 'p> {
-    found: Found<'a, 'p>,
-}
-
-impl RequestMatch<'_, '_> {
-    /// Whether [`Self::check`] wants the request body: only when the
-    /// operation has a JSON body schema; everything else streams through unbuffered.
-    pub fn needs_body(&self) -> bool {
-        self.found.operation.needs_body()
-    }
-
-    /// Checks the request; `body` is the buffered body when [`Self::needs_body`]
-    /// said so (`None` otherwise). Every violation found is in the failure.
-    pub fn check(
-        &self,
-        method: &Method,
-        query: Option<&str>,
-        headers: &HeaderMap,
-        body: Option<&[u8]>,
-    ) -> Result<(), ValidationFailure> {
-        self.found.operation.check_request(method, &self.found.params, query, headers, body)
-    }
-}
-
-fn build_router(inputs: &Inputs) -> Result<Router, SpecError> {
-    let mut doc: Value = serde_json::from_str(&inputs.json)?;
-    let version = document::version(&doc)?;
-    if version == Version::V30 {
-        document::rewrite_30(&mut doc);
-    }
-    let api_prefix = inputs.path_prefix.trim_end_matches('/').to_owned();
-    // The same reading of `servers[0]` as the control plane's (a variable without a default is refused).
-    let base_path = sluice_proto::openapi::base_path(&doc)
-        .map_err(|e| SpecError::Invalid { pointer: "/servers/0".into(), reason: e.to_string() })?;
-    let mut router = Router::new(vec![base_path.unwrap_or_default(), api_prefix]);
-    let mut schemas = SchemaCompiler::new(&doc)?;
-    for (template, item) in doc.get("paths").and_then(Value::as_object).into_iter().flatten() {
-        let (item_pointer, item) = resolve(&doc, format!("/paths/{}", escape(template)), item)?;
-        let mut operations = Vec::new();
-        for (key, method) in &METHODS {
-            if item.get(*key).is_some_and(Value::is_object) {
-                let at = Location { template, item_pointer: &item_pointer, item, method: key };
-                operations
-                    .push((method.clone(), Operation::compile(&doc, &at, inputs.validate_responses, &mut schemas)?));
-            }
-        }
-        router.insert(template, operations)?;
-    }
-    tracing::debug!(operations = router.operations().count(), "compiled OpenAPI spec");
-    Ok(router)
+    response
 }

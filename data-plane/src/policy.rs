@@ -30,7 +30,7 @@ pub use auth::X_CONSUMER_USERNAME;
 pub use rejection::Rejection;
 
 use crate::base::{ProxyBody, ProxyError, RequestBody, full_body};
-use crate::openapi::{SpecValidator, ValidationFailure};
+use crate::openapi::{self, SpecValidator, ValidationFailure};
 use auth::Authentication;
 pub use auth::ConsumerTags;
 use auth_failures::LoginGuard;
@@ -103,8 +103,8 @@ pub enum PolicyError {
     Policy { policy: &'static str, reason: String },
     #[error("openapi: spec `{spec}` is not in the snapshot")]
     MissingSpec { spec: String },
-    #[error("openapi: {reason}")]
-    Spec { reason: String },
+    #[error("openapi: {0}")]
+    Spec(#[from] sluice_proto::openapi::CompileError),
 }
 
 impl PolicyChain {
@@ -176,8 +176,7 @@ impl PolicyChain {
                 .find(|s| s.name == binding.spec)
                 .ok_or_else(|| PolicyError::MissingSpec { spec: binding.spec.clone() })?;
             let old = previous.and_then(|p| p.openapi.as_ref());
-            chain.openapi =
-                Some(SpecValidator::compile(spec, binding, api, old).map_err(|reason| PolicyError::Spec { reason })?);
+            chain.openapi = Some(SpecValidator::compile(spec, binding, api, old)?);
         }
         Ok(chain)
     }
@@ -316,7 +315,7 @@ impl PolicyChain {
         request_id: &str,
     ) -> Result<(), Stop> {
         let Some(spec) = self.openapi.as_ref().filter(|s| s.validates_requests()) else { return Ok(()) };
-        let refuse = |failure: ValidationFailure| Stop::Respond("openapi", failure.into_response(request_id));
+        let refuse = |failure: ValidationFailure| Stop::Respond("openapi", openapi::respond(&failure, request_id));
         // Shared, not copied: the request is borrowed mutably while its body is buffered.
         let (method, uri) = (request.method().clone(), request.uri().clone());
         let matched = spec.match_request(&method, uri.path()).map_err(refuse)?;
@@ -351,7 +350,7 @@ impl PolicyChain {
         };
         if let Err(failure) = spec.validate_response(method, path, parts.status, &parts.headers, &bytes) {
             tracing::warn!(api = %self.api, request_id, %failure, "upstream response violates the API's spec");
-            return Err(Stop::Respond("openapi", failure.into_response(request_id)));
+            return Err(Stop::Respond("openapi", openapi::respond(&failure, request_id)));
         }
         let mut response = Response::from_parts(parts, full_body(bytes));
         // The body is now whole: its length is known even if the upstream streamed it.

@@ -2,7 +2,8 @@
 //! run by the control plane on every snapshot it is about to commit, with
 //! the functions the data plane compiles with: routes (the matcher itself),
 //! certificates and keys, CA bundles, JWT keys and JWKS,
-//! rate-limit quotas and header names. What
+//! rate-limit quotas and header names, and every spec an API validates
+//! with (its schemas, regexes, `$ref`s and path templates). What
 //! passes here and [`crate::validate`] compiles on a data plane of the same
 //! version; a NACK is left for version skew and for what only the node
 //! knows (its Redis, its system roots).
@@ -11,8 +12,11 @@
 //! these checks from compiling itself, and running them twice would double
 //! the cost of a swap.
 
+use std::collections::HashSet;
+
 use jsonwebtoken::Algorithm;
 
+use crate::openapi::SpecValidator;
 use crate::routes::Matcher;
 use crate::tls::{self, MaterialError};
 use crate::v1::{Api, Certificate, Consumer, RateLimitKey, Snapshot, Upstream, policy::Kind};
@@ -37,6 +41,7 @@ pub fn check_compilable(snapshot: &Snapshot) -> Result<(), Vec<Violation>> {
     for api in &snapshot.apis {
         check_policies(&mut violations, api);
     }
+    check_specs(&mut violations, snapshot);
     if violations.is_empty() { Ok(()) } else { Err(violations) }
 }
 
@@ -130,6 +135,32 @@ fn check_policies(violations: &mut Vec<Violation>, api: &Api) {
         if let Err(e) = jwt::jwks_keys(&settings.jwks, &accepted) {
             // The field is a string, so the pointer stops at it; the message names the key.
             push(violations, at("jwt/jwks"), e.to_string());
+        }
+    }
+}
+
+/// Compiles every spec an API validates with, as a data plane's `openapi`
+/// policy does. Only bound specs: a data plane never compiles a spec no API
+/// validates with, so an unbound one is not refused (binding it is). A spec
+/// is compiled once per snapshot for each way it is bound (with or without
+/// responses; the API's prefix cannot make a compile fail), and reported
+/// once, at the place in the document.
+fn check_specs(violations: &mut Vec<Violation>, snapshot: &Snapshot) {
+    let mut compiled = HashSet::new();
+    for api in &snapshot.apis {
+        let Some(binding) = api.openapi.as_ref().filter(|b| b.validate_requests || b.validate_responses) else {
+            continue;
+        };
+        let Some(spec) = snapshot.specs.iter().find(|s| s.name == binding.spec) else { continue }; // `validate` reports it.
+        if !compiled.insert((spec.name.as_str(), binding.validate_responses)) {
+            continue;
+        }
+        if let Err(e) = SpecValidator::compile(spec, binding, api, None) {
+            let path = format!("/specs/{}/content{}", spec.name, e.error.pointer().unwrap_or_default());
+            if violations.iter().any(|v| v.path == path) {
+                continue; // Bound twice and broken in a part both compile.
+            }
+            push(violations, path, format!("{} (API `{}` validates with it)", e.error, api.name));
         }
     }
 }

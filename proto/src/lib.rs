@@ -3,8 +3,8 @@
 //! that identifies a snapshot's content, the structural validation both
 //! planes run before they accept a snapshot, the request-path rules
 //! (canonical form, percent-decoding) both planes apply, and the rules both
-//! apply when they read a snapshot (routes, CIDRs, TLS material, JWT keys, a
-//! spec's server): the control plane checks a write with the code a data
+//! apply when they read a snapshot (routes, CIDRs, TLS material, JWT keys, the
+//! OpenAPI specs APIs validate with): the control plane checks a write with the code a data
 //! plane compiles it with ([`check_compilable`]), so it refuses what they
 //! would refuse.
 

@@ -9,7 +9,7 @@ use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use sluice_proto::v1;
 
-use super::{SpecValidator, ValidationFailure};
+use super::{SpecValidator, ValidationFailure, respond};
 
 fn fruitshop_json() -> String {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/fruitshop/fruitshop-v2-2-0.oas.yml");
@@ -23,7 +23,7 @@ fn compile(json: String, prefix: &str, responses: bool) -> Result<Arc<SpecValida
     let binding =
         v1::OpenApiBinding { spec: "fruitshop".into(), validate_requests: true, validate_responses: responses };
     let api = v1::Api { name: "shop".into(), path_prefix: prefix.into(), ..Default::default() };
-    SpecValidator::compile(&spec, &binding, &api, None)
+    SpecValidator::compile(&spec, &binding, &api, None).map_err(|e| e.to_string())
 }
 
 fn fruitshop() -> Arc<SpecValidator> {
@@ -224,7 +224,7 @@ async fn every_violation_is_listed_in_the_problem_body() {
     let v = fruitshop();
     let body = format!(r#"{{"name":"{}","price":5000,"vendors":"none"}}"#, "x".repeat(40));
     let failure = send(&v, "PUT", "/shop/v2/products/abc", JSON, &body).unwrap_err();
-    let response = failure.into_response("r");
+    let response = respond(&failure, "r");
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
     assert_eq!(response.headers()[header::CONTENT_TYPE], "application/problem+json");
     let bytes = response.into_body().collect().await.unwrap().to_bytes();
@@ -256,7 +256,7 @@ async fn every_violation_is_listed_in_the_problem_body() {
 #[tokio::test]
 async fn method_not_allowed_names_the_allowed_methods() {
     let v = fruitshop();
-    let response = send(&v, "DELETE", "/shop/v2/products", None, "").unwrap_err().into_response("r");
+    let response = respond(&send(&v, "DELETE", "/shop/v2/products", None, "").unwrap_err(), "r");
     assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
     assert_eq!(response.headers()[header::ALLOW], "GET, POST");
     let bytes = response.into_body().collect().await.unwrap().to_bytes();

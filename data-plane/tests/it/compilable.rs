@@ -4,7 +4,9 @@
 //! compile on a data plane (`routing::compile`). Each generated field takes
 //! good and bad values of the kinds a data plane's compile looks at: route
 //! templates and prefixes, CIDRs, CA bundles, SNI names, certificates and
-//! keys, consumer JWT keys, JWKS documents, rate-limit and API-key settings.
+//! keys, consumer JWT keys, JWKS documents, rate-limit and API-key settings,
+//! and the OpenAPI spec an API validates with (schema regexes, `$ref`s,
+//! path templates, in request or response schemas).
 
 use std::sync::OnceLock;
 
@@ -12,6 +14,7 @@ use proptest::prelude::*;
 use proptest::sample::{select, subsequence};
 use proptest::strategy::ValueTree;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+use serde_json::json;
 use sluice_data_plane::policy::PolicyContext;
 use sluice_data_plane::routing;
 use sluice_proto::v1::{self, policy::Kind};
@@ -176,6 +179,33 @@ fn certificate() -> impl Strategy<Value = v1::Certificate> {
     })
 }
 
+/// A spec whose one schema is good or not (its regex, its `$ref`), on a
+/// path template that routes or not, in the request or in a response (only
+/// compiled when the API validates responses).
+fn spec() -> impl Strategy<Value = v1::Spec> {
+    (
+        one_of(&["^[a-z]+$", "^[a-z]+$", "(["]),
+        one_of(&["#/components/schemas/Item", "#/components/schemas/Item", "#/components/schemas/Missing"]),
+        one_of(&["/items/{id}", "/items/{id}", "/items/{id"]),
+        any::<bool>(),
+    )
+        .prop_map(|(pattern, reference, template, in_response)| {
+            let content = json!({ "application/json": { "schema": { "$ref": reference } } });
+            let operation = if in_response {
+                json!({ "responses": { "200": { "description": "ok", "content": content } } })
+            } else {
+                json!({ "requestBody": { "content": content }, "responses": { "200": { "description": "ok" } } })
+            };
+            let document = json!({
+                "openapi": "3.1.0",
+                "info": { "title": "t", "version": "1" },
+                "components": { "schemas": { "Item": { "type": "string", "pattern": pattern } } },
+                "paths": { template: { "post": operation } },
+            });
+            v1::Spec { name: "s".into(), json: document.to_string() }
+        })
+}
+
 fn snapshot() -> impl Strategy<Value = v1::Snapshot> {
     (
         upstream("one"),
@@ -183,14 +213,24 @@ fn snapshot() -> impl Strategy<Value = v1::Snapshot> {
         (api("a1"), api("a2"), api("a3")),
         prop::option::weighted(0.5, consumer()),
         prop::option::weighted(0.5, certificate()),
+        prop::option::weighted(0.3, (spec(), any::<bool>(), any::<bool>())),
     )
-        .prop_map(|(one, two, (a1, a2, a3), consumer, certificate)| {
+        .prop_map(|(one, two, (mut a1, a2, a3), consumer, certificate, spec)| {
+            let specs = match spec {
+                Some((spec, validate_requests, validate_responses)) => {
+                    a1.openapi =
+                        Some(v1::OpenApiBinding { spec: spec.name.clone(), validate_requests, validate_responses });
+                    vec![spec]
+                }
+                None => Vec::new(),
+            };
             let mut snapshot = v1::Snapshot {
                 version: 1,
                 apis: vec![a1, a2, a3],
                 upstreams: vec![one, two],
                 consumers: consumer.into_iter().collect(),
                 certificates: certificate.into_iter().collect(),
+                specs,
                 api_key_hmac_key: vec![7; 32],
                 ..Default::default()
             };
@@ -270,4 +310,21 @@ fn the_findings_are_refused_where_they_are() {
         ..Default::default()
     }];
     assert_eq!(refused(&jwt), ["/consumers/ann/jwt/0/public_key"]);
+
+    // A schema regex that does not compile, in the spec an API validates with.
+    let mut spec = base();
+    let document = json!({
+        "openapi": "3.0.3",
+        "info": { "title": "t", "version": "1" },
+        "paths": { "/items": { "post": {
+            "requestBody": { "content": { "application/json": { "schema": { "type": "string", "pattern": "([" } } } },
+            "responses": { "200": { "description": "ok" } },
+        } } },
+    });
+    spec.specs = vec![v1::Spec { name: "s".into(), json: document.to_string() }];
+    spec.apis = vec![v1::Api {
+        openapi: Some(v1::OpenApiBinding { spec: "s".into(), validate_requests: true, validate_responses: false }),
+        ..route("a", "/t/x")
+    }];
+    assert_eq!(refused(&spec), ["/specs/s/content/paths/~1items/post/requestBody/content/application~1json/schema"]);
 }

@@ -6,11 +6,11 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
+use crate::path::percent_decode;
 use http::HeaderMap;
 use http::header::HeaderName;
 use jsonschema::Validator;
 use serde_json::Value;
-use sluice_proto::path::percent_decode;
 
 use super::SpecError;
 use super::document::escape;

@@ -49,7 +49,7 @@ pub(super) fn resolve<'a>(
                 reason: "only references inside the document are supported".into(),
             });
         };
-        let target = sluice_proto::path::percent_decode(target, false).into_owned();
+        let target = crate::path::percent_decode(target, false).into_owned();
         value = doc.pointer(&target).ok_or_else(|| SpecError::Ref {
             reference: reference.to_owned(),
             reason: "nothing at that location".into(),

@@ -65,7 +65,7 @@ fn canonical_pointer(doc: &Value, pointer: &str) -> String {
     for _ in 0..32 {
         let Some(Value::Object(schema)) = doc.pointer(&current) else { break };
         let target = match (schema.len(), schema.get("$ref").and_then(Value::as_str)) {
-            (1, Some(r)) => r.strip_prefix('#').map(|t| sluice_proto::path::percent_decode(t, false).into_owned()),
+            (1, Some(r)) => r.strip_prefix('#').map(|t| crate::path::percent_decode(t, false).into_owned()),
             _ => None,
         };
         match target {
@@ -109,7 +109,7 @@ pub(super) fn collect(validator: &Validator, instance: &Value, errors: &mut Erro
             pointer.push('/');
             pointer.push_str(&super::document::escape(name));
         }
-        errors.add(at(&pointer), sluice_proto::text::truncate(error.to_string(), MAX_MESSAGE));
+        errors.add(at(&pointer), crate::text::truncate(error.to_string(), MAX_MESSAGE));
     }
 }
 
@@ -136,7 +136,7 @@ impl Types {
             return;
         }
         if let Some(target) = schema.get("$ref").and_then(Value::as_str).and_then(|r| r.strip_prefix('#'))
-            && let Some(resolved) = doc.pointer(&sluice_proto::path::percent_decode(target, false))
+            && let Some(resolved) = doc.pointer(&crate::path::percent_decode(target, false))
         {
             self.add(doc, resolved, depth + 1);
         }

@@ -47,10 +47,6 @@ impl Router {
         Ok(())
     }
 
-    pub(super) fn operations(&self) -> impl Iterator<Item = &Operation> {
-        self.items.iter().flat_map(|item| item.operations.iter().map(|(_, op)| op))
-    }
-
     pub(super) fn find<'a, 'p>(&'a self, method: &Method, path: &'p str) -> Result<Found<'a, 'p>, ValidationFailure> {
         let matched = self.relative(path).and_then(|relative| {
             self.paths.at(relative).ok().or_else(|| {

@@ -1,16 +1,11 @@
-//! The `openapi` policy's rejection: every violation found, by location, and
-//! the problem-details response (DESIGN.md's validation shape) the pipeline
-//! sends instead of forwarding.
+//! The `openapi` policy's rejection: every violation found, by location.
+//! A data plane renders it as the problem-details response it sends instead
+//! of forwarding.
 
 use std::collections::BTreeMap;
 use std::fmt;
 
-use http::{HeaderValue, Method, Response, StatusCode, header};
-use serde::Serialize;
-
-use crate::base::{ProxyBody, problem};
-
-const VALIDATION_SLUG: &str = "validation";
+use http::{Method, StatusCode};
 
 /// Violations by location (`REQUEST/BODY#/price`), in a stable order so the
 /// same request always gets the same body.
@@ -26,39 +21,9 @@ impl Errors {
         self.0.is_empty()
     }
 
-    #[cfg(test)]
     pub(super) fn locations(&self) -> Vec<&str> {
         self.0.keys().map(String::as_str).collect()
     }
-}
-
-/// DESIGN.md's validation problem: the common members, then what failed where
-/// (request failures only: a response failure's details stay in the log).
-#[derive(Serialize)]
-struct ValidationProblem<'a> {
-    #[serde(rename = "type", serialize_with = "problem::type_uri")]
-    slug: &'a str,
-    title: &'a str,
-    #[serde(serialize_with = "problem::status_code")]
-    status: StatusCode,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    detail: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    validation: Option<Validation<'a>>,
-    request_id: &'a str,
-}
-
-#[derive(Serialize)]
-struct Validation<'a> {
-    method: &'a str,
-    #[serde(rename = "uriTemplate")]
-    uri_template: Option<&'a str>,
-    errors: BTreeMap<&'a String, Vec<Message<'a>>>,
-}
-
-#[derive(Serialize)]
-struct Message<'a> {
-    message: &'a String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,8 +110,8 @@ impl ValidationFailure {
         self.status
     }
 
-    #[cfg(test)]
-    pub(super) fn locations(&self) -> Vec<&str> {
+    /// Every place that failed (`REQUEST/BODY#/price`), in order.
+    pub fn locations(&self) -> Vec<&str> {
         self.errors.locations()
     }
 
@@ -155,35 +120,22 @@ impl ValidationFailure {
         self.side == Side::Response
     }
 
-    /// The problem-details response. A request failure names every violation
-    /// so the client can fix them all at once; a response failure does not
-    /// echo the upstream's data to the client (it is in the log instead).
-    pub fn into_response(self, request_id: &str) -> Response<ProxyBody> {
-        let validation = (self.side == Side::Request).then(|| Validation {
-            method: self.method.as_str(),
-            uri_template: self.uri_template.as_deref(),
-            errors: self
-                .errors
-                .0
-                .iter()
-                .map(|(location, messages)| (location, messages.iter().map(|message| Message { message }).collect()))
-                .collect(),
-        });
-        let (title, detail) = match self.side {
-            Side::Request => ("Request validation failed", None),
-            Side::Response => {
-                ("Response validation failed", Some("The upstream's response does not match the API specification."))
-            }
-        };
-        let problem =
-            ValidationProblem { slug: VALIDATION_SLUG, title, status: self.status, detail, validation, request_id };
-        let mut response = problem::respond(self.status, &problem);
-        if !self.allow.is_empty() {
-            let names: Vec<&str> = self.allow.iter().map(Method::as_str).collect();
-            if let Ok(value) = HeaderValue::from_str(&names.join(", ")) {
-                response.headers_mut().insert(header::ALLOW, value);
-            }
-        }
-        response
+    pub fn method(&self) -> &Method {
+        &self.method
+    }
+
+    /// The matched path template relative to the base path; `None` when no template matched.
+    pub fn uri_template(&self) -> Option<&str> {
+        self.uri_template.as_deref()
+    }
+
+    /// Each place that failed with its messages, in a stable order.
+    pub fn errors(&self) -> impl Iterator<Item = (&str, &[String])> {
+        self.errors.0.iter().map(|(location, messages)| (location.as_str(), messages.as_slice()))
+    }
+
+    /// For 405: the methods the path does accept (empty otherwise).
+    pub fn allow(&self) -> &[Method] {
+        &self.allow
     }
 }
