@@ -88,18 +88,6 @@ fn snapshot(upstream: &RecordingUpstream, apis: Vec<v1::Api>) -> v1::Snapshot {
     v1::Snapshot { version: 1, apis, upstreams: vec![backend], ..Default::default() }
 }
 
-/// A data plane running `snapshot`, with extra flags.
-async fn gateway(snapshot: v1::Snapshot, flags: &[&str]) -> Result<(FakeControlPlane, DataPlane)> {
-    let mut cp = FakeControlPlane::start().await?;
-    let dp = DataPlane::start(&cp.url(), flags).await?;
-    let mut conn = cp.accept().await?;
-    conn.push(seal(snapshot)).await?;
-    conn.ack().await?;
-    // The stream stays open for the test's length; dropping it would only log.
-    std::mem::forget(conn);
-    Ok((cp, dp))
-}
-
 /// Sends raw bytes (a request the HTTP clients refuse to send), optionally
 /// half-closes, and returns what the gateway answered until it closed or
 /// went quiet. The status line's code, if any.
@@ -132,7 +120,7 @@ async fn client_body_failures_never_eject_a_healthy_target() -> Result<()> {
     let upstream = RecordingUpstream::start().await?;
     let limited = policy(Kind::RequestSizeLimit(v1::RequestSizeLimit { max_bytes: 500 }));
     let snapshot = snapshot(&upstream, vec![api("open", "/", vec![limited])]);
-    let (_cp, dp) = gateway(snapshot, &[]).await?;
+    let (_cp, dp) = DataPlane::running(snapshot, &[]).await?;
 
     // Each three times: more than the two consecutive failures that eject.
     for round in 0..3 {
@@ -179,7 +167,7 @@ async fn client_body_failures_never_eject_a_healthy_target() -> Result<()> {
 async fn upstream_failures_still_eject_the_target() -> Result<()> {
     // The other side of the rule: the target's own failures count.
     let upstream = RecordingUpstream::start().await?;
-    let (_cp, dp) = gateway(snapshot(&upstream, vec![api("open", "/", vec![])]), &[]).await?;
+    let (_cp, dp) = DataPlane::running(snapshot(&upstream, vec![api("open", "/", vec![])]), &[]).await?;
     // A status the check does not count (500 is not among the default statuses) is an answer, not a failure.
     for _ in 0..3 {
         let response = client().get(dp.url("/error?status=500")).send().await?;
@@ -220,7 +208,7 @@ async fn slow_bodies_get_408_on_every_route_and_never_reach_the_upstream_whole()
         Some(v1::OpenApiBinding { spec: "items".into(), validate_requests: true, validate_responses: false });
     let mut snapshot = snapshot(&upstream, vec![validated, api("plain", "/plain", vec![])]);
     snapshot.specs = vec![items_spec()];
-    let (_cp, dp) = gateway(snapshot, &["--client-body-timeout-secs", "1"]).await?;
+    let (_cp, dp) = DataPlane::running(snapshot, &["--client-body-timeout-secs", "1"]).await?;
 
     // 100,000 bytes announced, one sent, the connection kept open.
     for path in ["/validated/items", "/plain/items"] {
@@ -277,7 +265,7 @@ async fn verifications(dp: &DataPlane) -> Result<f64> {
 async fn password_guessing_is_limited_before_any_hash_is_computed() -> Result<()> {
     let upstream = RecordingUpstream::start().await?;
     let flags = ["--auth-failure-limit", "5", "--auth-failure-window-secs", "600"];
-    let (_cp, dp) = gateway(basic_auth_snapshot(&upstream, 1024)?, &flags).await?;
+    let (_cp, dp) = DataPlane::running(basic_auth_snapshot(&upstream, 1024)?, &flags).await?;
     let http = client();
     let login =
         |credentials: &str, path: &str| http.get(dp.url(path)).header("authorization", basic(credentials)).send();
@@ -316,7 +304,7 @@ async fn a_username_is_limited_across_addresses_and_unknown_ones_cost_a_hash_too
     // The test's connections come from a trusted proxy, so X-Forwarded-For
     // names a different client for every guess: only the username links them.
     let flags = ["--auth-failure-limit", "3", "--auth-failure-window-secs", "600", "--trusted-proxies", "127.0.0.1"];
-    let (_cp, dp) = gateway(basic_auth_snapshot(&upstream, 1024)?, &flags).await?;
+    let (_cp, dp) = DataPlane::running(basic_auth_snapshot(&upstream, 1024)?, &flags).await?;
     let http = client();
     let guess = |credentials: &str, n: u32| {
         http.get(dp.url("/guess"))
@@ -353,7 +341,7 @@ async fn oversized_tokens_are_refused_before_parsing() -> Result<()> {
         }],
         ..Default::default()
     }];
-    let (_cp, dp) = gateway(snapshot, &[]).await?;
+    let (_cp, dp) = DataPlane::running(snapshot, &[]).await?;
     let exp = jsonwebtoken::get_current_timestamp() + 600;
     let sign = |padding: &str| {
         let claims = serde_json::json!({ "iss": "ann-iss", "exp": exp, "padding": padding });
@@ -402,7 +390,8 @@ async fn credentialed_any_origin_and_costly_hashes_are_refused_by_the_data_plane
 #[ignore = "a measurement, not a test"]
 async fn memory_under_a_password_flood() -> Result<()> {
     let upstream = RecordingUpstream::start().await?;
-    let (_cp, dp) = gateway(basic_auth_snapshot(&upstream, 19 * 1024)?, &["--auth-failure-limit", "0"]).await?;
+    let (_cp, dp) =
+        DataPlane::running(basic_auth_snapshot(&upstream, 19 * 1024)?, &["--auth-failure-limit", "0"]).await?;
     let pid = dp.process.pid()?;
     let idle = sluice_testkit::rss_kib(pid)?;
     let until = tokio::time::Instant::now() + Duration::from_secs(10);

@@ -7,20 +7,7 @@ use serde_json::Value;
 use sluice_proto::v1;
 use sluice_proto::v1::policy::Kind;
 
-use crate::fake_cp::{FakeControlPlane, seal};
 use crate::support::{DataPlane, Upstream, client, eventually, send, unused_addr};
-
-/// A data plane running `snapshot`, with extra flags.
-async fn gateway(snapshot: v1::Snapshot, flags: &[&str]) -> Result<(FakeControlPlane, DataPlane)> {
-    let mut cp = FakeControlPlane::start().await?;
-    let dp = DataPlane::start(&cp.url(), flags).await?;
-    let mut conn = cp.accept().await?;
-    conn.push(seal(snapshot)).await?;
-    conn.ack().await?;
-    // The stream stays open for the test's length; dropping it would only log.
-    std::mem::forget(conn);
-    Ok((cp, dp))
-}
 
 fn api(name: &str, prefix: &str, upstream: &str, policies: Vec<Kind>) -> v1::Api {
     v1::Api {
@@ -83,7 +70,7 @@ async fn request_ids_are_taken_or_made_and_seen_everywhere() -> Result<()> {
         upstreams: vec![upstream("live", &[echo.url()]), upstream("dead", &[dead])],
         ..Default::default()
     };
-    let (_cp, dp) = gateway(snapshot, &[]).await?;
+    let (_cp, dp) = DataPlane::running(snapshot, &[]).await?;
     let c = client();
 
     // None sent: one is made, sent upstream, echoed and logged.
@@ -147,7 +134,7 @@ async fn the_request_id_header_is_configurable() -> Result<()> {
         upstreams: vec![upstream("live", &[echo.url()])],
         ..Default::default()
     };
-    let (_cp, dp) = gateway(snapshot, &["--request-id-header", "X-Correlation-Id"]).await?;
+    let (_cp, dp) = DataPlane::running(snapshot, &["--request-id-header", "X-Correlation-Id"]).await?;
     let (status, headers, body) =
         send(client().get(dp.url("/x")).header("x-correlation-id", "corr-1").header("x-request-id", "other")).await?;
     assert_eq!(status, 200);
@@ -170,7 +157,7 @@ async fn with_one_of_two_targets_dead_retries_go_to_the_live_one_and_none_fails(
         upstreams: vec![upstream("pool", &[dead, live.url()])],
         ..Default::default()
     };
-    let (_cp, dp) = gateway(snapshot, &["--access-log", "off"]).await?;
+    let (_cp, dp) = DataPlane::running(snapshot, &["--access-log", "off"]).await?;
     let c = client();
     let mut failed = Vec::new();
     for i in 0..100 {
@@ -212,7 +199,7 @@ async fn the_access_log_line_has_every_field() -> Result<()> {
         }],
         ..Default::default()
     };
-    let (_cp, dp) = gateway(snapshot, &[]).await?;
+    let (_cp, dp) = DataPlane::running(snapshot, &[]).await?;
     let c = client();
 
     // Plain HTTP/1.1 with a body.

@@ -25,7 +25,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
-use crate::fake_cp::{FakeControlPlane, seal};
 use crate::gateway::Gateway;
 use crate::support::{DataPlane, client, send, serve_http1};
 
@@ -518,13 +517,9 @@ async fn fixed_order_whatever_the_list_says() -> Result<()> {
 #[tokio::test]
 async fn access_log_and_metrics_name_the_consumer() -> Result<()> {
     let upstream = Recorder::start().await?;
-    let mut cp = FakeControlPlane::start().await?;
-    let dp = DataPlane::start(&cp.url(), &[]).await?;
-    let mut conn = cp.accept().await?;
     let mut s = snapshot(&upstream, vec![api("logged", "/", vec![Kind::BasicAuth(v1::BasicAuth::default())])])?;
     s.version = 7;
-    conn.push(seal(s)).await?;
-    conn.ack().await?;
+    let (_cp, dp) = DataPlane::running(s, &[]).await?;
 
     let c = client();
     // Twice: the first request registers the consumer's counter, the second reuses it.

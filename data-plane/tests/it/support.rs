@@ -69,6 +69,23 @@ impl DataPlane {
         Ok(Self { process, http_addr, https_addr, ops_addr, node_id })
     }
 
+    /// A data plane, with extra flags, running `snapshot` from a fake control
+    /// plane whose stream stays open for the test's length (the control plane
+    /// is returned so that it lives as long).
+    pub async fn running(
+        snapshot: sluice_proto::v1::Snapshot,
+        extra: &[&str],
+    ) -> Result<(crate::fake_cp::FakeControlPlane, DataPlane)> {
+        let mut cp = crate::fake_cp::FakeControlPlane::start().await?;
+        let dp = DataPlane::start(&cp.url(), extra).await?;
+        let mut conn = cp.accept().await?;
+        conn.push(crate::fake_cp::seal(snapshot)).await?;
+        conn.ack().await?;
+        // Dropping the stream would only log.
+        std::mem::forget(conn);
+        Ok((cp, dp))
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.http_addr)
     }
