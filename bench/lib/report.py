@@ -113,6 +113,12 @@ TARGETS = {
         ("10,000 APIs compile+swap ≤ 200 ms", s["sizes"].get("10000", {}).get("compile_ms_median"), 200, False,
          "ms"),
         ("live p99 during swaps ≤ 1.5x without", s["live"]["p99_ratio"], 1.5, False, "x")],
+    "fleet": lambda s: [
+        (f"write on all {s['nodes']:,} nodes p99 ≤ 250 ms", s["write"]["all_nodes_ms"]["p99"], 250, False, "ms"),
+        ("control-plane CPU per write ≤ 50 ms", s["write"]["cp_cpu_ms_per_write"], 50, False, "ms"),
+        ("control-plane RSS with 10,000 APIs ≤ 200 MB", s["rss_10k_no_nodes_mb"], 200, False, "MB"),
+        ("control-plane RSS after pushing them ≤ 250 MB", s["push_10k"]["rss_after_mb"], 250, False, "MB"),
+        ("every node back after a restart ≤ 5 s", s["reconnect"]["all_back_s"], 5, False, "s")],
 }
 
 
@@ -249,6 +255,33 @@ def section_push(s: dict) -> list[str]:
     return lines
 
 
+def section_fleet(s: dict) -> list[str]:
+    n, w, r, p = s["nodes"], s["write"], s["reconnect"], s["push_10k"]
+    return [f"## fleet — {n:,} simulated data planes on one control plane", "",
+            f"`sluice-fleet-sim` holds {n:,} sync streams (testkit's SimNode: the protocol without compiling) "
+            "against a release `sluice-cp` on SQLite. A write is `PUT /v1/apis/probe` with a 12-API "
+            "configuration; its time to a node is from before the admin call to the node's receipt of the "
+            "snapshot. CPU is the control plane's utime+stime over the writes minus the idle fleet's cost "
+            f"({w['cp_idle_cpu_ms_per_s']:.1f} ms/s: heartbeats every 5 s), per write.", "",
+            "| figure | measured | target |", "|---|---|---|",
+            f"| write on all nodes, p50 / p99 / max of {w['writes']} | {w['all_nodes_ms']['p50']:.0f} / "
+            f"{w['all_nodes_ms']['p99']:.0f} / {w['all_nodes_ms']['max']:.0f} ms | p99 ≤ 250 ms: "
+            f"{verdict(w['all_nodes_ms']['p99'], 250, False, 'ms')} |",
+            f"| every node's arrival, p50 / p99 | {w['per_node_ms']['p50']:.0f} / {w['per_node_ms']['p99']:.0f} ms | |",
+            f"| control-plane CPU per write | {w['cp_cpu_ms_per_write']:.1f} ms | ≤ 50 ms: "
+            f"{verdict(w['cp_cpu_ms_per_write'], 50, False, 'ms')} |",
+            f"| CP RSS, 10,000 APIs, no node | {s['rss_10k_no_nodes_mb']:.0f} MB | ≤ 200 MB: "
+            f"{verdict(s['rss_10k_no_nodes_mb'], 200, False, 'MB')} |",
+            f"| CP RSS, 12 APIs: no node / {n:,} nodes | {s['rss_small_no_nodes_mb']:.0f} / "
+            f"{s['rss_small_nodes_mb']:.0f} MB | |",
+            f"| 10,000-API snapshot to every node | {p['all_nodes_s']:.1f} s; CP RSS before {p['rss_before_mb']:.0f} "
+            f"MB, peak {p['peak_mb']:.0f} MB, after {p['rss_after_mb']:.0f} MB | after ≤ 250 MB: "
+            f"{verdict(p['rss_after_mb'], 250, False, 'MB')} |",
+            f"| all nodes back after a CP restart | {r['all_back_s']:.2f} s | ≤ 5 s: "
+            f"{verdict(r['all_back_s'], 5, False, 's')} |",
+            f"| ListenOverflows / ListenDrops meanwhile | {r['ListenOverflows']} / {r['ListenDrops']} | 0 |", ""]
+
+
 def section_soak(s: dict) -> list[str]:
     r = s["result"]
     return ["## soak", "",
@@ -272,7 +305,7 @@ def soak_verdict(r: dict, total: int) -> str:
 
 SECTIONS = {"proxy": section_proxy, "secured": section_secured, "openapi": section_openapi,
             "policies": section_policies, "round-robin": section_rr, "memory": section_memory, "push": section_push,
-            "soak": section_soak}
+            "fleet": section_fleet, "soak": section_soak}
 
 
 # --- chart --------------------------------------------------------------------

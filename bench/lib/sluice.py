@@ -45,11 +45,12 @@ class Sluice:
     grpc: str = ""
     dps: list[DataPlane] = field(default_factory=list)
 
-    def start_control_plane(self) -> None:
+    def start_control_plane(self, grpc_addr: str = "127.0.0.1:0") -> None:
+        """`grpc_addr`: the previous one, to restart it where its data planes reconnect."""
         self.cp = procs.start("sluice-cp", [
             str(self.bins / "sluice-cp"),
             "--database-url", f"sqlite://{self.workdir / 'cp.db'}",
-            "--admin-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0",
+            "--admin-addr", "127.0.0.1:0", "--grpc-addr", grpc_addr,
             "--admin-token", ADMIN_TOKEN, "--cluster-token", CLUSTER_TOKEN,
             "--secret-key-file", str(self.workdir / "secret.key"),
         ], self.workdir, cpus=self.cp_cpus, env={"RUST_LOG": "warn"})

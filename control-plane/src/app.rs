@@ -42,8 +42,7 @@ impl App {
         let admin_listener = TcpListener::bind(settings.admin_addr)
             .await
             .with_context(|| format!("binding the admin API to {}", settings.admin_addr))?;
-        let grpc_listener = TcpListener::bind(settings.grpc_addr)
-            .await
+        let grpc_listener = bind_sync(settings.grpc_addr)
             .with_context(|| format!("binding the gRPC sync server to {}", settings.grpc_addr))?;
         let admin_tls = settings
             .admin_tls()
@@ -162,6 +161,23 @@ impl App {
         self.store.close().await;
         Ok(())
     }
+}
+
+/// Connections the kernel queues for the sync listener before it accepts
+/// them. After a control-plane restart every data plane reconnects within
+/// its backoff's first step; a queue shorter than the fleet overflows and
+/// the refused nodes wait a whole backoff step longer. Linux caps it at
+/// `net.core.somaxconn`.
+pub const SYNC_BACKLOG: u32 = 4096;
+
+/// Binds the sync listener with [`SYNC_BACKLOG`] (`TcpListener::bind` asks for 128).
+fn bind_sync(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    // As `TcpListener::bind` does: a restarted control plane can bind while
+    // its previous connections are in TIME_WAIT.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(SYNC_BACKLOG)
 }
 
 /// The secret key of `--secret-key`, else of the key file (created at first start).

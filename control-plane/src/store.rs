@@ -271,6 +271,8 @@ struct Inner {
     specs: SpecCache,
     /// How the version watcher learns of other processes' commits.
     watch: Arc<WatchState>,
+    /// This process's data planes, written to the database in batches.
+    data_planes: data_planes::LiveDataPlanes,
     /// Dropped with the store; ends the background version watcher.
     _shutdown: watch::Sender<()>,
 }
@@ -327,6 +329,7 @@ impl Store {
                 newest: std::sync::Mutex::default(),
                 specs: SpecCache::default(),
                 watch: Arc::default(),
+                data_planes: data_planes::LiveDataPlanes::default(),
                 _shutdown: shutdown,
             }),
         };
@@ -408,7 +411,11 @@ impl Store {
     }
 
     /// Closes the connection pool; later calls fail. For orderly shutdown.
+    /// Writes the data planes' records still in memory, then closes the pool.
     pub async fn close(&self) {
+        if let Err(error) = self.flush_data_planes().await {
+            tracing::warn!(%error, "cannot write the data planes' last state before closing");
+        }
         self.inner.pool.close().await;
     }
 

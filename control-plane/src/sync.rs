@@ -3,13 +3,15 @@
 //! Hello, then hands the stream to a per-node session that pushes snapshots
 //! and records ACK / NACK / heartbeats in the store.
 //!
-//! Flow: store commit -> `latest` (one fetch per change, shared by every
-//! session) -> `session` (per node: coalesce, skip what the node runs or
+//! Flow: store commit -> `latest` (one fetch and one encoding per change,
+//! shared by every session) -> `session` (per node: coalesce, skip what the node runs or
 //! refused, push) -> data plane -> ACK/NACK -> `session` -> store.
-//! `sweeper` runs beside them and forgets nodes that went silent.
+//! `sweeper` runs beside them, writes the nodes' records in batches and
+//! forgets nodes that went silent. `server` is the gRPC plumbing.
 
 mod auth;
 mod latest;
+mod server;
 mod session;
 mod sweeper;
 
@@ -19,14 +21,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures_util::StreamExt;
 use sluice_proto::text::truncate;
-use sluice_proto::v1::config_sync_server::{ConfigSync, ConfigSyncServer};
-use sluice_proto::v1::{ControlPlaneMessage, DataPlaneMessage, Hello, data_plane_message};
+use sluice_proto::v1::{DataPlaneMessage, Hello, data_plane_message};
 use sluice_proto::{AUTHORIZATION_METADATA, PROTOCOL_VERSION};
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Status, Streaming};
+
+pub use server::SyncServer;
 
 use crate::store::{Store, now_ms};
 use crate::tokens::TokenDigest;
@@ -62,8 +65,12 @@ pub struct SyncOptions {
     /// snapshot once compiled, so this only needs to exceed the slowest
     /// compile of the largest configuration.
     pub ack_timeout: Duration,
-    /// Largest gRPC message accepted or sent. A snapshot carries every API,
-    /// spec and certificate, so this must hold the largest configuration.
+    /// How often the nodes' records (heartbeats, answers) are written to
+    /// the database; between writes they are in memory, where this control
+    /// plane's admin API reads them.
+    pub flush_interval: Duration,
+    /// Largest gRPC message accepted from a data plane (a snapshot is sent
+    /// whatever its size; a data plane has its own limit).
     pub max_message_size: usize,
 }
 
@@ -82,6 +89,7 @@ impl Default for SyncOptions {
             coalesce_delay: Duration::from_millis(20),
             coalesce_max_delay: Duration::from_millis(250),
             ack_timeout: Duration::from_secs(30),
+            flush_interval: Duration::from_secs(1),
             // A 10,000-API snapshot with specs is tens of MiB.
             max_message_size: 64 * 1024 * 1024,
         }
@@ -118,10 +126,10 @@ struct SessionEntry {
     _cancel: oneshot::Sender<()>,
 }
 
-/// Builds the gRPC service, with message limits large enough for a whole
-/// snapshot. Spawns the snapshot fan-out and the sweeper, so it must be called
-/// inside a Tokio runtime; both stop once the service and its streams are gone.
-pub fn sync_server(store: Store, cluster_token: TokenDigest, options: SyncOptions) -> ConfigSyncServer<SyncService> {
+/// Builds the gRPC service. Spawns the snapshot fan-out, the flusher and the
+/// sweeper, so it must be called inside a Tokio runtime; they stop once the
+/// service and its streams are gone.
+pub fn sync_server(store: Store, cluster_token: TokenDigest, options: SyncOptions) -> SyncServer {
     SyncService::new(store, cluster_token, options).into_server()
 }
 
@@ -146,11 +154,10 @@ impl SyncService {
         }
     }
 
-    /// Wraps a clone of the service in the gRPC server with its message
-    /// limits. Keep `self` to [`close`](Self::close) the streams at shutdown.
-    pub fn into_server(self) -> ConfigSyncServer<SyncService> {
-        let max = self.inner.options.max_message_size;
-        ConfigSyncServer::new(self).max_decoding_message_size(max).max_encoding_message_size(max)
+    /// The gRPC service for `tonic::transport::Server::add_service`. Keep a
+    /// clone of `self` to [`close`](Self::close) the streams at shutdown.
+    pub fn into_server(self) -> SyncServer {
+        SyncServer::new(self)
     }
 
     /// Ends every open stream with `Unavailable` and refuses new ones, so data
@@ -204,11 +211,13 @@ impl SyncService {
     }
 }
 
-#[tonic::async_trait]
-impl ConfigSync for SyncService {
-    type SyncStream = ReceiverStream<Result<ControlPlaneMessage, Status>>;
-
-    async fn sync(&self, request: Request<Streaming<DataPlaneMessage>>) -> Result<Response<Self::SyncStream>, Status> {
+impl SyncService {
+    /// The `Sync` call: checks the token and the Hello, then starts the
+    /// node's session; returns what the session sends.
+    async fn sync(
+        &self,
+        request: Request<Streaming<DataPlaneMessage>>,
+    ) -> Result<mpsc::Receiver<Result<Bytes, Status>>, Status> {
         if *self.inner.closing.borrow() {
             return Err(Status::unavailable("the control plane is shutting down; reconnect later"));
         }
@@ -224,7 +233,7 @@ impl ConfigSync for SyncService {
         let (tx, rx) = mpsc::channel(1);
         let session = session::Session::start(self.clone(), hello, peer, tx).await?;
         tokio::spawn(session.run(inbound));
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(rx)
     }
 }
 

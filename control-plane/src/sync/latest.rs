@@ -1,17 +1,48 @@
 //! Between the store and the sessions: turns the store's "version N was
-//! committed" signal into the snapshot itself, fetched once per change and
-//! shared by every connected data plane, instead of one database read per node.
+//! committed" signal into the snapshot itself, fetched and encoded once per
+//! change and shared by every connected data plane, instead of one database
+//! read and one encoding per node.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::{BufMut, Bytes, BytesMut};
 use sluice_proto::v1;
 use tokio::sync::watch;
 
 use crate::store::Store;
 
 /// The newest snapshot loaded so far; `None` until the first load succeeds.
-pub type Latest = Option<Arc<v1::Snapshot>>;
+pub type Latest = Option<Arc<Encoded>>;
+
+/// Field number of `snapshot` in `ControlPlaneMessage` (sluice.proto).
+const SNAPSHOT_FIELD: u32 = 1;
+
+/// A snapshot ready to go out: what a session decides by (version, hash)
+/// and the whole gRPC message, encoded once. Every stream sends the same
+/// bytes, so a push to a thousand nodes holds one copy of the snapshot
+/// however slowly each node reads.
+#[derive(Debug)]
+pub struct Encoded {
+    pub version: u64,
+    pub hash: String,
+    /// A gRPC length-prefixed message (uncompressed) holding a
+    /// `ControlPlaneMessage` with the snapshot.
+    pub frame: Bytes,
+}
+
+impl Encoded {
+    pub fn new(snapshot: &v1::Snapshot) -> Self {
+        // The oneof's one field, written straight from the snapshot: a
+        // `ControlPlaneMessage` built around it would need a copy.
+        let message_len = prost::encoding::message::encoded_len(SNAPSHOT_FIELD, snapshot);
+        let mut frame = BytesMut::with_capacity(5 + message_len);
+        frame.put_u8(0); // not compressed
+        frame.put_u32(u32::try_from(message_len).unwrap_or(u32::MAX));
+        prost::encoding::message::encode(SNAPSHOT_FIELD, snapshot, &mut frame);
+        Self { version: snapshot.version, hash: snapshot.hash.clone(), frame: frame.freeze() }
+    }
+}
 
 /// How a burst of commits is folded into one push.
 #[derive(Debug, Clone, Copy)]
@@ -76,6 +107,7 @@ async fn run(store: Store, coalesce: Coalesce, tx: watch::Sender<Latest>, mut sh
         }
         match store.latest_snapshot().await {
             Ok(snapshot) => {
+                let snapshot = Arc::new(Encoded::new(&snapshot));
                 retry = Duration::from_millis(100);
                 last_push = Some(tokio::time::Instant::now());
                 tx.send_if_modified(|current| {
@@ -93,5 +125,30 @@ async fn run(store: Store, coalesce: Coalesce, tx: watch::Sender<Latest>, mut sh
                 versions.mark_changed();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message;
+    use sluice_proto::v1::{ControlPlaneMessage, control_plane_message};
+
+    use super::*;
+
+    #[test]
+    fn the_frame_is_the_control_plane_message_the_generated_code_would_send() {
+        let snapshot = v1::Snapshot {
+            version: 7,
+            hash: "abc".into(),
+            apis: vec![v1::Api { name: "a".into(), path_prefix: "/a".into(), ..Default::default() }],
+            ..Default::default()
+        };
+        let encoded = Encoded::new(&snapshot);
+        let message = ControlPlaneMessage { message: Some(control_plane_message::Message::Snapshot(snapshot.clone())) };
+        let body = message.encode_to_vec();
+        assert_eq!(encoded.frame[0], 0);
+        assert_eq!(encoded.frame[1..5], u32::try_from(body.len()).unwrap().to_be_bytes());
+        assert_eq!(encoded.frame[5..], body[..]);
+        assert_eq!((encoded.version, encoded.hash.as_str()), (7, "abc"));
     }
 }

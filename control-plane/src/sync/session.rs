@@ -16,12 +16,13 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use sluice_proto::text::truncate;
-use sluice_proto::v1::{self, ControlPlaneMessage, DataPlaneMessage, Hello, control_plane_message, data_plane_message};
-use tokio::sync::{mpsc, oneshot, watch};
+use sluice_proto::v1::{DataPlaneMessage, Hello, data_plane_message};
+use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 use tonic::{Status, Streaming};
 
-use super::latest::Latest;
+use super::latest::{Encoded, Latest};
+use super::server::Outbound;
 use super::{SyncService, now_ms, proxy_address};
 use crate::store::DataPlaneRecord;
 
@@ -33,25 +34,24 @@ const REFUSED_MEMORY: usize = 32;
 /// Longest NACK reason stored and logged; the text comes from the data plane.
 const MAX_ERROR_LEN: usize = 4096;
 
-type Outbound = mpsc::Sender<Result<ControlPlaneMessage, Status>>;
-
 pub struct Session {
     service: SyncService,
     id: u64,
-    /// What the store shows for this node; this session is its only writer
-    /// while it is the node's registered session.
+    /// What the store shows for this node (recorded in memory, written in
+    /// batches); this session is its only writer while it is the node's
+    /// registered session.
     record: DataPlaneRecord,
     tx: Outbound,
     cancelled: oneshot::Receiver<()>,
     closing: watch::Receiver<bool>,
     latest: watch::Receiver<Latest>,
     /// The newest committed snapshot this session has seen.
-    head: Option<Arc<v1::Snapshot>>,
+    head: Option<Arc<Encoded>>,
     /// What the node should run: `head`, or, when the node refused it, the
     /// newest older snapshot it has not refused; `None` when it refused all.
-    target: Option<Arc<v1::Snapshot>>,
+    target: Option<Arc<Encoded>>,
     /// The target, chosen to be sent once the stream has room.
-    pending: Option<Arc<v1::Snapshot>>,
+    pending: Option<Arc<Encoded>>,
     /// Sent and not answered yet, oldest first: a data plane answers in order.
     unanswered: VecDeque<Sent>,
     /// (version, hash) of snapshots this node NACKed: never sent to it again.
@@ -95,17 +95,24 @@ impl Session {
         let now = now_ms();
         // Earlier record of this node, if any: keeps first_seen and the NACK
         // shown until a newer snapshot is accepted.
-        let previous = match store.list_data_planes().await {
-            Ok(nodes) => nodes.into_iter().find(|node| node.node_id == hello.node_id),
+        let previous = match store.data_plane(&hello.node_id).await {
+            Ok(previous) => previous,
             Err(error) => {
                 tracing::warn!(node_id = %hello.node_id, %error, "cannot read data-plane records");
                 None
             }
         };
-        let snapshot = store.latest_snapshot().await.map_err(|error| {
-            tracing::error!(node_id = %hello.node_id, %error, "cannot load the latest snapshot for a new stream");
-            Status::unavailable("the control plane cannot load its configuration right now; retry later")
-        })?;
+        // The fan-out's copy, encoded already, while it is the newest this
+        // process knows: a thousand nodes reconnecting at once must not each
+        // read the database. Just after a commit it may lag; then read.
+        let loaded = service.inner.latest.borrow().clone().filter(|s| s.version >= store.current_version());
+        let snapshot = match loaded {
+            Some(snapshot) => snapshot,
+            None => store.latest_snapshot().await.map(|s| Arc::new(Encoded::new(&s))).map_err(|error| {
+                tracing::error!(node_id = %hello.node_id, %error, "cannot load the latest snapshot for a new stream");
+                Status::unavailable("the control plane cannot load its configuration right now; retry later")
+            })?,
+        };
 
         let reported_hash = (!hello.current_hash.is_empty()).then(|| hello.current_hash.clone());
         let record = DataPlaneRecord {
@@ -163,7 +170,7 @@ impl Session {
             "data plane connected"
         );
         session.committed(snapshot).await;
-        session.save().await;
+        session.save();
         Ok(session)
     }
 
@@ -210,9 +217,7 @@ impl Session {
                             hash: snapshot.hash.clone(),
                             at: Instant::now(),
                         });
-                        permit.send(Ok(ControlPlaneMessage {
-                            message: Some(control_plane_message::Message::Snapshot((*snapshot).clone())),
-                        }));
+                        permit.send(Ok(snapshot.frame.clone()));
                     }
                     continue;
                 }
@@ -237,7 +242,7 @@ impl Session {
                     if let Some(snapshot) = newest
                         && self.committed(snapshot).await
                     {
-                        self.save().await;
+                        self.save();
                     }
                 }
                 Event::Unanswered => {
@@ -253,7 +258,7 @@ impl Session {
                     );
                     self.unanswered.clear();
                     if self.reconcile() {
-                        self.save().await;
+                        self.save();
                     }
                 }
             }
@@ -263,7 +268,7 @@ impl Session {
 
     /// A newer snapshot was committed: it becomes the head, and the target
     /// unless the node refused it. Returns whether the node's record changed.
-    async fn committed(&mut self, snapshot: Arc<v1::Snapshot>) -> bool {
+    async fn committed(&mut self, snapshot: Arc<Encoded>) -> bool {
         if self.head.as_ref().is_some_and(|head| head.version >= snapshot.version) {
             return false;
         }
@@ -300,7 +305,7 @@ impl Session {
                     ),
                     None => tracing::warn!(%node_id, head = head.version, "node refused every stored snapshot"),
                 }
-                self.target = found.map(Arc::new);
+                self.target = found.map(|older| Arc::new(Encoded::new(&older)));
             }
             // The target stays what it was; the next event tries again.
             Err(error) => tracing::warn!(node_id = %self.record.node_id, %error, "cannot look for an older snapshot"),
@@ -397,7 +402,7 @@ impl Session {
             }
             None => tracing::debug!(%node_id, "empty message from data plane ignored"),
         }
-        self.save().await;
+        self.save();
         Ok(())
     }
 
@@ -425,24 +430,21 @@ impl Session {
         if self.service.unregister(&node_id, self.id) {
             self.record.connected = false;
             self.record.last_seen = now_ms();
-            self.write().await;
+            self.write();
         }
     }
 
-    /// Writes the node's record. A failed write is logged, not fatal: config
-    /// delivery matters more than the status page, and the next event retries.
-    async fn save(&self) {
+    /// Records the node's state (in memory; the flusher writes it).
+    fn save(&self) {
         // A replaced session must not overwrite what its successor records.
         if !self.service.is_current(&self.record.node_id, self.id) {
             return;
         }
-        self.write().await;
+        self.write();
     }
 
-    async fn write(&self) {
-        if let Err(error) = self.service.inner.store.upsert_data_plane(&self.record).await {
-            tracing::warn!(node_id = %self.record.node_id, %error, "cannot record data-plane state");
-        }
+    fn write(&self) {
+        self.service.inner.store.record_data_plane(self.record.clone());
     }
 }
 

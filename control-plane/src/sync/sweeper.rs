@@ -1,5 +1,7 @@
-//! Beside the sessions: the periodic sweep that marks silent nodes
-//! disconnected and forgets nodes unseen for longer than the purge delay.
+//! Beside the sessions: the flusher that writes what the sessions recorded
+//! in memory to the database in batches, and the periodic sweep that marks
+//! silent nodes disconnected and forgets nodes unseen for longer than the
+//! purge delay.
 
 use std::time::Duration;
 
@@ -8,9 +10,28 @@ use tokio::sync::watch;
 use super::{SyncOptions, now_ms};
 use crate::store::Store;
 
-/// Starts the sweep; it ends when `shutdown`'s sender is dropped.
+/// Starts the sweep and the flusher; they end when `shutdown`'s sender is dropped.
 pub fn spawn(store: Store, options: SyncOptions, shutdown: watch::Receiver<()>) {
+    tokio::spawn(flush(store.clone(), options.flush_interval, shutdown.clone()));
     tokio::spawn(run(store, options, shutdown));
+}
+
+/// Every `interval`, one transaction with every node record that changed.
+async fn flush(store: Store, interval: Duration, mut shutdown: watch::Receiver<()>) {
+    let mut tick = tokio::time::interval(interval.max(Duration::from_millis(10)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            // Never sent on: resolves only when the service is dropped.
+            _ = shutdown.changed() => return,
+        }
+        match store.flush_data_planes().await {
+            Ok(written) => tracing::trace!(written, "data-plane records written"),
+            // Kept in memory: the next tick writes them.
+            Err(error) => tracing::warn!(%error, "cannot write data-plane records; retrying"),
+        }
+    }
 }
 
 async fn run(store: Store, options: SyncOptions, mut shutdown: watch::Receiver<()>) {
@@ -45,9 +66,7 @@ pub async fn sweep(store: &Store, options: &SyncOptions) {
                     "data plane stale: marking it disconnected"
                 );
                 node.connected = false;
-                if let Err(error) = store.upsert_data_plane(&node).await {
-                    tracing::warn!(node_id = %node.node_id, %error, "cannot mark stale data plane");
-                }
+                store.record_data_plane(node);
             }
         }
         Err(error) => tracing::warn!(%error, "cannot list data planes for the stale sweep"),
