@@ -125,6 +125,13 @@ impl RemoteJwks {
     }
 }
 
+impl Drop for RemoteJwks {
+    /// The last policy naming the URL is gone: wake the task so that it ends now rather than at its next fetch.
+    fn drop(&mut self) {
+        self.wake.notify_one();
+    }
+}
+
 /// A document as fetched, checked to be a usable key set.
 #[derive(Debug)]
 pub struct Fetched {
@@ -256,5 +263,52 @@ mod tests {
         std::thread::sleep(Duration::from_millis(5));
         source.refresh_early();
         assert_eq!(source.last_early_refresh_ms.load(Ordering::Relaxed), first, "asked again too soon");
+    }
+
+    /// An issuer answering every request with a usable one-key document, fresh for an hour.
+    async fn issuer() -> String {
+        use base64::Engine as _;
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
+        let x = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(key.public_key_raw());
+        let body = format!(r#"{{"keys":[{{"kty":"OKP","crv":"Ed25519","kid":"k1","x":"{x}"}}]}}"#);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/keys", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let mut request = [0u8; 2048];
+                let _ = stream.read(&mut request).await;
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\ncache-control: max-age=3600\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = stream.write_all(format!("{head}{body}").as_bytes()).await;
+            }
+        });
+        url
+    }
+
+    #[tokio::test]
+    async fn the_task_ends_with_the_last_policy_naming_the_url() {
+        let sources = RemoteJwksSources::default();
+        let source = sources.source(&issuer().await);
+        let wake = source.wake.clone();
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while source.document().is_none() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the document was fetched");
+        // Held by the source, its task (now waiting out the hour's max-age) and the test.
+        assert_eq!(Arc::strong_count(&wake), 3);
+        drop(source);
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while Arc::strong_count(&wake) > 1 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the refresh task ended without waiting out the max-age");
     }
 }
