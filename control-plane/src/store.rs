@@ -11,6 +11,7 @@ mod data_planes;
 mod history;
 mod resources;
 mod sealing;
+mod spec_contents;
 #[cfg(test)]
 mod tests;
 mod watcher;
@@ -524,12 +525,17 @@ impl Store {
         }
 
         let version = latest.as_ref().map_or(1, |(version, _)| version + 1);
+        let db_version = to_db(version, "version")?;
         snapshot.version = version;
+        // What data planes are sent, spec texts included.
+        let size_bytes = snapshot.encoded_len();
+        let stowed = spec_contents::stow(&mut tx, db_version, &mut config, &mut snapshot).await?;
         // Encoded straight into the sealed buffer and sealed in place: the
         // snapshot is never stored, nor copied, in clear.
-        let size_bytes = snapshot.encoded_len();
-        let sealed = self.inner.secrets.seal_blob(size_bytes, |buf| snapshot.encode_raw(buf));
-        let config_json = serde_json::to_string(&config).map_err(|e| StoreError::Encode {
+        let sealed = self.inner.secrets.seal_blob(snapshot.encoded_len(), |buf| snapshot.encode_raw(buf));
+        let config_json = serde_json::to_string(&config);
+        stowed.restore(&mut config, &mut snapshot);
+        let config_json = config_json.map_err(|e| StoreError::Encode {
             kind: "config".into(),
             name: format!("version {version}"),
             reason: e.to_string(),
@@ -538,7 +544,7 @@ impl Store {
             "INSERT INTO snapshots (version, hash, created_at, config, snapshot, size_bytes, note, author) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
         )
-        .bind(to_db(version, "version")?)
+        .bind(db_version)
         .bind(snapshot.hash.as_str())
         .bind(now)
         .bind(config_json)
@@ -551,10 +557,9 @@ impl Store {
         // Retention, in the same transaction: the history never holds more
         // than `keep_snapshots` versions, whoever writes.
         if let Some(oldest_kept) = version.checked_sub(self.inner.options.keep_snapshots - 1).filter(|v| *v > 1) {
-            sqlx::query("DELETE FROM snapshots WHERE version < $1")
-                .bind(to_db(oldest_kept, "version")?)
-                .execute(&mut *tx)
-                .await?;
+            let oldest_kept = to_db(oldest_kept, "version")?;
+            sqlx::query("DELETE FROM snapshots WHERE version < $1").bind(oldest_kept).execute(&mut *tx).await?;
+            spec_contents::prune(&mut tx, oldest_kept).await?;
         }
         if self.inner.backend == Backend::Postgres {
             // Delivered only on commit, so listeners never see a rolled-back version.

@@ -7,10 +7,11 @@ use std::sync::Arc;
 use prost::Message;
 use serde::Serialize;
 use sluice_proto::v1;
+use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, Row};
 use utoipa::ToSchema;
 
-use super::{Store, StoreError};
+use super::{Store, StoreError, spec_contents};
 use crate::model::Config;
 
 /// One line of the snapshot history.
@@ -54,16 +55,20 @@ impl Store {
             .fetch_optional(&mut *conn)
             .await?
             .ok_or(StoreError::NoSnapshot)?;
-        self.decode_snapshot(&row).map(Arc::new)
+        self.load_snapshot(&mut conn, &row).await.map(Arc::new)
     }
 
     pub async fn snapshot(&self, version: u64) -> Result<Option<v1::Snapshot>, StoreError> {
         let Ok(version) = i64::try_from(version) else { return Ok(None) };
+        let mut conn = self.inner.pool.acquire().await?;
         let row = sqlx::query("SELECT version, snapshot FROM snapshots WHERE version = $1")
             .bind(version)
-            .fetch_optional(&self.inner.pool)
+            .fetch_optional(&mut *conn)
             .await?;
-        row.as_ref().map(|row| self.decode_snapshot(row)).transpose()
+        match row {
+            Some(row) => self.load_snapshot(&mut conn, &row).await.map(Some),
+            None => Ok(None),
+        }
     }
 
     /// Whether `version` is in the history, was pruned from it, or never existed.
@@ -121,15 +126,17 @@ impl Store {
     /// The configuration as it was committed at `version` (for rollback and diff).
     pub async fn snapshot_config(&self, version: u64) -> Result<Option<Config>, StoreError> {
         let Ok(version) = i64::try_from(version) else { return Ok(None) };
+        let mut conn = self.inner.pool.acquire().await?;
         let row = sqlx::query("SELECT config FROM snapshots WHERE version = $1")
             .bind(version)
-            .fetch_optional(&self.inner.pool)
+            .fetch_optional(&mut *conn)
             .await?;
         let Some(row) = row else { return Ok(None) };
         let json: String = row.try_get("config")?;
-        serde_json::from_str(&json)
-            .map(Some)
-            .map_err(|e| StoreError::CorruptSnapshot { version, reason: format!("config: {e}") })
+        let mut config: Config = serde_json::from_str(&json)
+            .map_err(|e| StoreError::CorruptSnapshot { version, reason: format!("config: {e}") })?;
+        spec_contents::resolve_config(&mut conn, version, &mut config).await?;
+        Ok(Some(config))
     }
 
     /// Snapshot history, newest first, versions below `before` (all when `None`).
@@ -175,15 +182,18 @@ pub(super) async fn latest_head(conn: &mut AnyConnection) -> Result<Option<(u64,
 }
 
 impl Store {
-    /// Opens a row's sealed snapshot and decodes it; the clear form exists only here, in memory.
-    fn decode_snapshot(&self, row: &sqlx::any::AnyRow) -> Result<v1::Snapshot, StoreError> {
+    /// Opens a row's sealed snapshot, decodes it and puts its spec texts back;
+    /// the clear form exists only here, in memory.
+    async fn load_snapshot(&self, conn: &mut AnyConnection, row: &AnyRow) -> Result<v1::Snapshot, StoreError> {
         let version: i64 = row.try_get("version")?;
         let bytes = self
             .inner
             .secrets
             .open_blob(row.try_get("snapshot")?)
             .map_err(|source| StoreError::Sealed { version, source })?;
-        v1::Snapshot::decode(bytes.as_slice())
-            .map_err(|e| StoreError::CorruptSnapshot { version, reason: format!("snapshot: {e}") })
+        let mut snapshot = v1::Snapshot::decode(bytes.as_slice())
+            .map_err(|e| StoreError::CorruptSnapshot { version, reason: format!("snapshot: {e}") })?;
+        spec_contents::resolve_snapshot(conn, version, &mut snapshot).await?;
+        Ok(snapshot)
     }
 }

@@ -12,6 +12,8 @@ use super::*;
 use crate::model::{Api, Upstream};
 
 const TEST_KEY: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+/// The key a rotation moves to.
+const OTHER_KEY: &str = "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100";
 
 fn secrets() -> SecretBox {
     SecretBox::from_key_material(TEST_KEY).expect("test key")
@@ -75,6 +77,7 @@ macro_rules! on_both_stores {
 }
 
 mod sealing;
+mod spec_contents;
 
 on_both_stores!(
     open_commits_version_one,

@@ -24,7 +24,6 @@ fn site() -> &'static (String, String) {
 fn private_key_body() -> &'static str {
     site().1.lines().nth(1).unwrap()
 }
-const OTHER_KEY: &str = "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100";
 
 on_both_stores!(
     snapshots_and_the_hmac_key_are_sealed,
