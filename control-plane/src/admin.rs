@@ -1,6 +1,6 @@
 //! The control plane's admin REST API (axum), the operators' way into the `Store`: CRUD on the named
-//! collections, snapshot history and rollback, the data planes' state, whole-config export/import, and the OpenAPI
-//! document generated from these handlers, and the web dashboard (`/ui`) that uses them. Everything but the health
+//! collections, snapshot history and rollback, the data planes' state and reports, whole-config export/import,
+//! and the OpenAPI document generated from these handlers, and the web dashboard (`/ui`) that uses them. Everything but the health
 //! probes, the docs and the dashboard's static files needs the admin token; every error is an RFC 9457 problem.
 
 mod admin_tokens;
@@ -15,6 +15,7 @@ mod document;
 mod error;
 mod metrics;
 mod snapshots;
+mod telemetry;
 mod ui;
 
 use std::sync::Arc;
@@ -36,6 +37,7 @@ use utoipa_axum::routes;
 use utoipa_swagger_ui::{Config as SwaggerConfig, SwaggerUi};
 
 use crate::store::{Store, WriteError};
+use crate::telemetry::Telemetry;
 use crate::tokens::TokenDigest;
 
 pub use body::{MAX_DEPTH, ParseHook};
@@ -65,6 +67,8 @@ pub struct AdminState {
     pub admin_token: TokenDigest,
     /// A data plane not heard from for this long is shown as `stale`.
     pub stale_after: Duration,
+    /// What the data planes' heartbeats report (target health, traffic): `SyncService::telemetry`.
+    pub telemetry: Telemetry,
 }
 
 /// Shared by every handler: the application's state plus what is derived from the OpenAPI document at start-up.
@@ -73,6 +77,7 @@ pub(crate) struct Admin {
     /// The startup token's digest (the token itself is not retained) and the failed-authentication counts.
     auth: auth::Authenticator,
     stale_after: Duration,
+    telemetry: Telemetry,
     schemas: Schemas,
     openapi_json: Bytes,
     parse_hook: Option<body::ParseHook>,
@@ -98,8 +103,15 @@ pub fn router_with_parse_hook(state: AdminState, parse_hook: Option<ParseHook>) 
     let schemas = Schemas::from_document(&document, BODY_SCHEMAS);
     let openapi_json = Bytes::from(serde_json::to_vec(&document).unwrap_or_default());
     let auth = auth::Authenticator::new(state.admin_token);
-    let admin =
-        Arc::new(Admin { store: state.store, auth, stale_after: state.stale_after, schemas, openapi_json, parse_hook });
+    let admin = Arc::new(Admin {
+        store: state.store,
+        auth,
+        stale_after: state.stale_after,
+        telemetry: state.telemetry,
+        schemas,
+        openapi_json,
+        parse_hook,
+    });
 
     // The UI fetches the document from our own documented route rather than registering a second copy.
     let docs = SwaggerUi::new("/docs").config(SwaggerConfig::new(["/openapi.json"]));
@@ -125,6 +137,7 @@ fn documented_routes() -> OpenApiRouter<Shared> {
         .merge(collections::routes())
         .merge(snapshots::routes())
         .merge(data_planes::routes())
+        .merge(telemetry::routes())
         .merge(config::routes())
         .merge(admin_tokens::routes())
 }

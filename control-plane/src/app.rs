@@ -125,23 +125,26 @@ impl App {
             let _ = rx.wait_for(|stop| *stop).await;
         };
 
-        let admin_router = admin::router(AdminState {
-            store: self.store.clone(),
-            admin_token: self.admin_token,
-            stale_after: self.settings.stale_after,
-        });
-        let admin_incoming =
-            Incoming::new(self.admin_listener, self.admin_tls, "admin").context("admin API listener")?;
-        let admin = axum::serve(admin_incoming, admin_router.into_make_service_with_connect_info::<ClientAddr>())
-            .with_graceful_shutdown(stopped(stop_rx.clone()));
-
         let options = SyncOptions {
             stale_after: self.settings.stale_after,
             purge_after: self.settings.purge_after,
             ack_timeout: self.settings.ack_timeout,
             ..SyncOptions::default()
         };
+        // Before the admin API, which reads the reports the sync sessions record.
         let sync = SyncService::new(self.store.clone(), self.cluster_token, options);
+
+        let admin_router = admin::router(AdminState {
+            store: self.store.clone(),
+            admin_token: self.admin_token,
+            stale_after: self.settings.stale_after,
+            telemetry: sync.telemetry(),
+        });
+        let admin_incoming =
+            Incoming::new(self.admin_listener, self.admin_tls, "admin").context("admin API listener")?;
+        let admin = axum::serve(admin_incoming, admin_router.into_make_service_with_connect_info::<ClientAddr>())
+            .with_graceful_shutdown(stopped(stop_rx.clone()));
+
         let grpc_incoming = Incoming::new(self.grpc_listener, self.grpc_tls, "sync").context("sync listener")?;
         let grpc = tonic::transport::Server::builder()
             .add_service(sync.clone().into_server())

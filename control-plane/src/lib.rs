@@ -1,5 +1,7 @@
 //! Sluice control plane: stores the gateway configuration, serves the admin
-//! REST API, and pushes numbered snapshots to data planes over gRPC.
+//! REST API, and pushes numbered snapshots to data planes over gRPC; what
+//! the data planes report back (version, target health, traffic) is shown
+//! through the admin API.
 
 pub mod admin;
 pub mod app;
@@ -16,5 +18,6 @@ pub mod snapshot;
 pub mod specs;
 pub mod store;
 pub mod sync;
+pub mod telemetry;
 pub mod tls;
 pub mod tokens;

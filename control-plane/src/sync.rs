@@ -1,7 +1,8 @@
 //! The control plane's end of the snapshot push: the gRPC `ConfigSync`
 //! service data planes connect to. It authenticates each stream, checks the
 //! Hello, then hands the stream to a per-node session that pushes snapshots
-//! and records ACK / NACK / heartbeats in the store.
+//! and records ACK / NACK / heartbeats in the store (and the heartbeats'
+//! health and traffic reports in `Telemetry`).
 //!
 //! Flow: store commit -> `latest` (one fetch and one encoding per change,
 //! shared by every session) -> `session` (per node: coalesce, skip what the node runs or
@@ -32,6 +33,7 @@ use tonic::{Request, Status, Streaming};
 pub use server::SyncServer;
 
 use crate::store::{Store, now_ms};
+use crate::telemetry::Telemetry;
 use crate::tokens::TokenDigest;
 
 /// Node ids key the data-plane table and the admin API's URLs.
@@ -105,6 +107,8 @@ pub struct SyncService {
 
 struct Inner {
     store: Store,
+    /// What heartbeats report beside the version (target health, traffic), kept in memory for the admin API.
+    telemetry: Telemetry,
     cluster_token: TokenDigest,
     options: SyncOptions,
     /// Latest snapshot, fetched once per change for all sessions.
@@ -139,10 +143,12 @@ impl SyncService {
         let (shutdown, shutdown_rx) = watch::channel(());
         let coalesce = latest::Coalesce { quiet: options.coalesce_delay, max_wait: options.coalesce_max_delay };
         let latest = latest::spawn(store.clone(), coalesce, shutdown_rx.clone());
-        sweeper::spawn(store.clone(), options.clone(), shutdown_rx);
+        let telemetry = Telemetry::default();
+        sweeper::spawn(store.clone(), telemetry.clone(), options.clone(), shutdown_rx);
         Self {
             inner: Arc::new(Inner {
                 store,
+                telemetry,
                 cluster_token,
                 options,
                 latest,
@@ -152,6 +158,11 @@ impl SyncService {
                 closing: watch::channel(false).0,
             }),
         }
+    }
+
+    /// The data planes' reports of target health and traffic, for the admin API.
+    pub fn telemetry(&self) -> Telemetry {
+        self.inner.telemetry.clone()
     }
 
     /// The gRPC service for `tonic::transport::Server::add_service`. Keep a

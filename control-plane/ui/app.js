@@ -1,11 +1,12 @@
 // The dashboard's shell: sign-in, the session's role, navigation and the hash router that renders one page at a
-// time into <main>. Pages live in pages.js, snapshots.js and edit.js.
+// time into <main>. Pages live in pages.js, snapshots.js, traffic.js and edit.js.
 
 import { ApiError, get, hasToken, setToken, whenSignedOut } from './api.js';
 import { announce, append, h, replace } from './dom.js';
 import { apiDetailPage, apisPage, consumersPage, overviewPage, upstreamsPage } from './pages.js';
 import { diffPage, snapshotsPage } from './snapshots.js';
 import { editApiPage, editPage, editUpstreamPage } from './edit.js';
+import { trafficPage } from './traffic.js';
 
 /// Who is signed in, from /v1/whoami: never taken from storage, so a role cannot be edited into the page.
 const session = { name: null, role: null };
@@ -16,6 +17,7 @@ const PAGES = [
   { path: 'upstreams', label: 'Upstreams' },
   { path: 'consumers', label: 'Consumers' },
   { path: 'snapshots', label: 'Snapshots' },
+  { path: 'traffic', label: 'Traffic' },
   { path: 'edit', label: 'Edit', admin: true },
 ];
 
@@ -46,6 +48,7 @@ function pageFor({ parts, query }) {
     case 'apis': return second ? (ctx) => apiDetailPage(ctx, second) : apisPage;
     case 'upstreams': return upstreamsPage;
     case 'consumers': return consumersPage;
+    case 'traffic': return trafficPage;
     case 'snapshots':
       if (second === 'diff') return (ctx) => diffPage(ctx, query.get('a'), query.get('b'));
       return snapshotsPage;

@@ -6,10 +6,12 @@ import { ApiError, get, itemPath, listAll, request } from './api.js';
 import { announce, h, replace } from './dom.js';
 import { deleteResource } from './pages.js';
 
+const READ_ONLY = 'This session is read-only: its token may read but not change the configuration.';
+
 function readOnlyNotice() {
   return h('section', {},
     h('h1', {}, 'Edit'),
-    h('p', { class: 'notice warn', role: 'alert' }, 'This session is read-only: its token may read but not change the configuration.'));
+    h('p', { class: 'notice warn', role: 'alert' }, READ_ONLY));
 }
 
 export async function editPage(ctx) {
@@ -120,10 +122,18 @@ async function save(form, summary, collection, name, body, prefix, then) {
   }
 }
 
-function formShell(title, back, form, summary) {
+/// A read-only session that follows a link to a form sees it with every control disabled; the admin API still
+/// decides, so a save forced past that is answered 403 and shown like any other problem.
+function formShell(ctx, title, back, form, summary) {
+  if (!ctx.canWrite) {
+    const controls = [...form.childNodes];
+    replace(form, h('fieldset', { class: 'read-only', id: 'read-only-fields', disabled: true },
+      h('legend', {}, 'Read-only'), controls));
+  }
   return h('section', {},
     h('p', {}, h('a', { href: back }, '← Back')),
     h('h1', {}, title),
+    ctx.canWrite ? null : h('p', { class: 'notice warn', id: 'read-only-notice' }, READ_ONLY),
     summary,
     form);
 }
@@ -131,7 +141,6 @@ function formShell(title, back, form, summary) {
 // ---- APIs
 
 export async function editApiPage(ctx, name) {
-  if (!ctx.canWrite) return readOnlyNotice();
   const [original, upstreams] = await Promise.all([name ? get(itemPath('apis', name)) : Promise.resolve({}), listAll('upstreams')]);
   const summary = h('div', { class: 'notice bad problem', role: 'alert', tabindex: '-1', hidden: true, id: 'form-problem' });
   const form = h('form', { id: 'api-form', class: 'card', novalidate: true });
@@ -187,7 +196,7 @@ export async function editApiPage(ctx, name) {
     if (!body.upstream) delete body.upstream;
     await save(form, summary, 'apis', name, body, 'api', (saved) => `#/apis/${encodeURIComponent(saved)}`);
   });
-  return formShell(name ? `Edit API ${name}` : 'New API', name ? `#/apis/${encodeURIComponent(name)}` : '#/edit', form, summary);
+  return formShell(ctx, name ? `Edit API ${name}` : 'New API', name ? `#/apis/${encodeURIComponent(name)}` : '#/edit', form, summary);
 }
 
 // ---- Upstreams
@@ -195,7 +204,6 @@ export async function editApiPage(ctx, name) {
 const BALANCERS = ['round_robin', 'weighted_round_robin', 'least_connections', 'random_two_choices', 'consistent_hash'];
 
 export async function editUpstreamPage(ctx, name) {
-  if (!ctx.canWrite) return readOnlyNotice();
   const original = name ? await get(itemPath('upstreams', name)) : {};
   const summary = h('div', { class: 'notice bad problem', role: 'alert', tabindex: '-1', hidden: true, id: 'form-problem' });
   const form = h('form', { id: 'upstream-form', class: 'card', novalidate: true });
@@ -252,5 +260,5 @@ export async function editUpstreamPage(ctx, name) {
     else delete body.tls;
     await save(form, summary, 'upstreams', name, body, 'upstream', () => '#/upstreams');
   });
-  return formShell(name ? `Edit upstream ${name}` : 'New upstream', name ? '#/upstreams' : '#/edit', form, summary);
+  return formShell(ctx, name ? `Edit upstream ${name}` : 'New upstream', name ? '#/upstreams' : '#/edit', form, summary);
 }

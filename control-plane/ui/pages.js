@@ -180,11 +180,22 @@ export async function deleteResource(collection, name, then) {
 export async function upstreamsPage(ctx) {
   const [upstreams, apis] = await Promise.all([listAll('upstreams'), listAll('apis')]);
   const usedBy = (name) => apis.filter((api) => api.upstream === name).map((api) => api.name);
+  /// The health cell of each target, by `upstream target-url`, filled by refreshHealth.
+  const healthCells = new Map();
   const sections = upstreams.map((upstream) => {
     const id = `upstream-${upstream.name}`;
     const users = usedBy(upstream.name);
     const hc = upstream.health_check;
     const passive = upstream.passive_health_check;
+    const rows = (upstream.targets || []).map((target) => {
+      const url = targetKey(target.url);
+      const cell = h('td', { class: 'health' }, badge('no report yet', 'muted'));
+      healthCells.set(`${upstream.name} ${url}`, cell);
+      return h('tr', { 'data-target': url },
+        h('th', { scope: 'row' }, h('code', {}, target.url)),
+        h('td', {}, String(target.weight ?? 1)),
+        cell);
+    });
     return h('article', { class: 'card upstream', 'aria-labelledby': id, 'data-upstream': upstream.name },
       h('div', { class: 'title-row' },
         h('h2', { id }, upstream.name),
@@ -199,14 +210,58 @@ export async function upstreamsPage(ctx) {
           hc ? `active: GET ${hc.path} every ${hc.interval}, timeout ${hc.timeout}, up after ${hc.healthy_threshold}, down after ${hc.unhealthy_threshold}` : 'no active checks',
           passive ? `; passive: eject for ${passive.ejection} after ${passive.consecutive_failures} failures in a row` : ''),
         h('dt', {}, 'Used by'), h('dd', {}, users.length ? users.map((name, i) => [i ? ', ' : '', h('a', { href: `#/apis/${encodeURIComponent(name)}` }, name)]) : 'no API')),
-      table(`Targets of ${upstream.name}`, ['URL', 'Weight'],
-        (upstream.targets || []).map((target) => [h('code', {}, target.url), String(target.weight ?? 1)])));
+      table(`Targets of ${upstream.name}, with their health as the data planes report it`, ['URL', 'Weight', 'Health (data planes)'], rows));
   });
+  const refreshHealth = async () => {
+    const reports = (await get('/v1/upstream-health'))?.items || [];
+    const byTarget = new Map(reports.map((report) => [`${report.upstream} ${targetKey(report.url)}`, report]));
+    for (const [key, cell] of healthCells) {
+      const report = byTarget.get(key);
+      cell.closest('tr').dataset.health = healthState(report);
+      replace(cell, healthCell(report));
+    }
+  };
+  await refreshHealth();
+  // Targets go down and come back on their own; the cells follow. A failed refresh keeps the last figures.
+  ctx.every(REFRESH_MS, () => refreshHealth().catch(() => {}));
   return h('section', {},
     h('div', { class: 'title-row' },
       h('h1', {}, 'Upstreams'),
       ctx.canWrite ? h('a', { class: 'button primary', href: '#/edit/upstream/new' }, 'New upstream') : null),
+    h('p', { class: 'help' }, 'Health is what each connected data plane saw at its last heartbeat: ejected by the passive check, failing the active check, or healthy.'),
     sections.length ? sections : h('p', {}, 'No upstreams yet.'));
+}
+
+/// Data planes report a target's URL without a trailing slash.
+function targetKey(url) {
+  return String(url).replace(/\/+$/, '');
+}
+
+const STATE_LABELS = { healthy: 'healthy', ejected: 'ejected', failing_active_check: 'failing active check' };
+
+/// healthy (every reporting data plane), down (none), degraded (some), unknown (no report).
+function healthState(report) {
+  if (!report || !(report.healthy + report.unhealthy)) return 'unknown';
+  if (!report.unhealthy) return 'healthy';
+  return report.healthy ? 'degraded' : 'down';
+}
+
+function healthCell(report) {
+  const state = healthState(report);
+  if (state === 'unknown') return [badge('no report', 'muted'), h('span', { class: 'muted' }, ' no connected data plane runs this target')];
+  const planes = report.healthy + report.unhealthy;
+  const summary = {
+    healthy: badge('healthy', 'ok'),
+    degraded: badge('degraded', 'warn'),
+    down: badge('down', 'bad'),
+  }[state];
+  const unhealthy = report.data_planes.filter((plane) => plane.state !== 'healthy');
+  return [
+    summary,
+    ` ${report.healthy} of ${planes} data plane${planes === 1 ? '' : 's'} healthy`,
+    unhealthy.length ? h('ul', { class: 'plain' }, unhealthy.map((plane) =>
+      h('li', { 'data-node': plane.node_id }, `${plane.node_id}: ${STATE_LABELS[plane.state] || plane.state}`))) : null,
+  ];
 }
 
 function balance(upstream) {

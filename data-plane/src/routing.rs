@@ -102,6 +102,11 @@ impl RoutingTable {
         self.upstreams.get(name)
     }
 
+    /// Every upstream pool, in no particular order.
+    pub fn upstreams(&self) -> impl Iterator<Item = &Arc<UpstreamPool>> {
+        self.upstreams.values()
+    }
+
     pub fn certificates(&self) -> &CertificateSet {
         &self.certificates
     }

@@ -1,16 +1,18 @@
 //! The sync client: the data plane's only link to the control plane. It says
 //! Hello, receives snapshots on one gRPC stream, has the routing table store
-//! compile and swap each one, answers Ack or Nack, sends heartbeats, and
+//! compile and swap each one, answers Ack or Nack, sends heartbeats (with
+//! the traffic and target-health summary `report` builds), and
 //! reconnects with backoff. While it is disconnected the proxy keeps serving
 //! the last table it applied. `transport` makes the connections (TLS for an
 //! `https://` control plane).
 
+mod report;
 mod transport;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sluice_proto::v1::config_sync_client::ConfigSyncClient;
 use sluice_proto::v1::{
@@ -199,6 +201,8 @@ pub struct SyncClient {
     authorization: Option<MetadataValue<tonic::metadata::Ascii>>,
     tables: Arc<TableStore>,
     state: Arc<SyncState>,
+    /// When the last heartbeat took the traffic counters: the next one's interval starts here.
+    last_summary: Mutex<Instant>,
 }
 
 impl SyncClient {
@@ -224,7 +228,16 @@ impl SyncClient {
             }
             None => None,
         };
-        Ok(Self { options, endpoint, connector, cache, authorization, tables, state: Arc::default() })
+        Ok(Self {
+            options,
+            endpoint,
+            connector,
+            cache,
+            authorization,
+            tables,
+            state: Arc::default(),
+            last_summary: Mutex::new(Instant::now()),
+        })
     }
 
     pub fn state(&self) -> Arc<SyncState> {
@@ -377,12 +390,25 @@ impl SyncClient {
         }
     }
 
+    /// The served version, plus the traffic since the previous heartbeat
+    /// (counted across reconnects: requests served while the control plane
+    /// was away are in the first heartbeat after, over the longer interval)
+    /// and the targets' health.
     fn heartbeat(&self) -> DataPlaneMessage {
         let current = self.state.current().unwrap_or_default();
+        let interval = {
+            let mut last = self.last_summary.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let now = Instant::now();
+            now.duration_since(std::mem::replace(&mut *last, now))
+        };
+        let (traffic, targets, targets_omitted) = report::summarise(self.tables.load().as_deref(), interval);
         DataPlaneMessage {
             message: Some(data_plane_message::Message::Heartbeat(Heartbeat {
                 current_hash: current.hash,
                 current_version: current.version,
+                traffic: Some(traffic),
+                targets,
+                targets_omitted,
             })),
         }
     }

@@ -90,6 +90,21 @@ impl Target {
         self.in_flight.load(Ordering::Relaxed)
     }
 
+    /// The target's health as the heartbeat reports it. A failing active
+    /// check wins over an ejection: it lasts until the checks pass again,
+    /// an ejection only until its time is over (which counts as over here,
+    /// though the target is re-admitted only when a request next asks).
+    pub fn health(&self) -> v1::TargetHealth {
+        let state = if !self.active_healthy.load(Ordering::Relaxed) {
+            v1::TargetState::FailingActiveCheck
+        } else if self.ejected_until_ms.load(Ordering::Relaxed) > now_ms() {
+            v1::TargetState::Ejected
+        } else {
+            v1::TargetState::Healthy
+        };
+        v1::TargetHealth { upstream: self.upstream.clone(), url: self.url.clone(), state: state.into() }
+    }
+
     fn report_health(&self) {
         let healthy = self.active_healthy.load(Ordering::Relaxed) && self.ejected_until_ms.load(Ordering::Relaxed) == 0;
         self.healthy_gauge.set(if healthy { 1.0 } else { 0.0 });
@@ -524,8 +539,11 @@ mod tests {
         let t0 = pool.targets()[0].clone();
         pool.record_failure(&t0);
         assert!(t0.is_available());
+        assert_eq!(t0.health().state(), v1::TargetState::Healthy);
         pool.record_failure(&t0);
         assert!(!t0.is_available());
+        assert_eq!(t0.health().state(), v1::TargetState::Ejected);
+        assert_eq!((t0.health().upstream.as_str(), t0.health().url.as_str()), ("u", "http://127.0.0.1:1"));
         assert!((0..10).all(|_| pool.pick(None, &h, &mut Tried::default()).is_some_and(|t| t.url.ends_with(":2"))));
         std::thread::sleep(Duration::from_millis(60));
         assert!(t0.is_available());

@@ -6,7 +6,8 @@
 //! apply when they read a snapshot (routes, CIDRs, TLS material, JWT keys, the
 //! OpenAPI specs APIs validate with): the control plane checks a write with the code a data
 //! plane compiles it with ([`check_compilable`]), so it refuses what they
-//! would refuse.
+//! would refuse; and how heartbeats summarise traffic and target health
+//! ([`telemetry`]).
 
 mod canonical;
 mod cidr;
@@ -18,6 +19,7 @@ pub mod password;
 pub mod path;
 pub mod policy;
 pub mod routes;
+pub mod telemetry;
 pub mod text;
 pub mod tls;
 mod validate;

@@ -298,7 +298,7 @@ async fn stream(shared: &Arc<Shared>, endpoint: &Endpoint) -> Result<()> {
             }
             _ = heartbeat.tick() => {
                 let running = shared.state().running.clone().unwrap_or_default();
-                let beat = Heartbeat { current_version: running.0, current_hash: running.1 };
+                let beat = Heartbeat { current_version: running.0, current_hash: running.1, ..Heartbeat::default() };
                 tx.send(message(data_plane_message::Message::Heartbeat(beat))).await.context("queue closed")?;
             }
             _ = paused.changed() => {}

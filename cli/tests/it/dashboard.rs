@@ -2,8 +2,10 @@
 //! WebDriver, against a real control plane and two real data planes: sign
 //! in, see both planes, create an API in the form (its field error first)
 //! and see a data plane serve it, see a NACK's reason, compare two snapshots
-//! and roll back, and a read-only session without write controls. Each page
-//! is saved as a PNG under `target/screenshots/dashboard/`.
+//! and roll back, a read-only session without write controls whose forced
+//! save shows the 403; and, in a second cluster, the traffic charts follow
+//! requests sent through both data planes and a stopped target is shown
+//! down. Each page is saved as a PNG under `target/screenshots/dashboard/`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -14,7 +16,9 @@ use serde_json::{Value, json};
 use sluice_testkit::sim_node::{Faults, SimNode, SimOptions};
 use sluice_testkit::webdriver::{Browser, Chromedriver, screenshot_dir};
 
-use crate::support::{ADMIN_TOKEN, Admin, CLUSTER_TOKEN, Cluster, all_applied, data_plane, eventually, served_by};
+use crate::support::{
+    ADMIN_TOKEN, Admin, CLUSTER_TOKEN, Cluster, all_applied, data_plane, eventually, served_by, upstream,
+};
 
 /// What the simulated data plane of another build says when it refuses a snapshot.
 const REFUSAL: &str = "this build cannot run API `legacy`";
@@ -233,9 +237,19 @@ async fn scenario(
             );
         }
     }
-    open(browser, ui, "edit/api/new", "Edit").await?;
-    browser.wait_for_text("main [role=alert]", "read-only").await?;
-    ensure!(browser.find_all("#api-form").await?.is_empty(), "a read-only session got the form");
+    // Following a link to a form: every control disabled. Forced past that, the save is the admin API's 403,
+    // shown as the problem it is, and nothing is committed.
+    let before = admin.latest_version().await?;
+    open(browser, ui, "edit/upstream/pool", "Edit upstream pool").await?;
+    browser.wait_for_text("#read-only-notice", "read-only").await?;
+    browser.wait_for("#read-only-fields[disabled]").await?;
+    snap(browser, "14-read-only-form").await?;
+    browser.execute("document.getElementById('read-only-fields').disabled = false", vec![]).await?;
+    browser.click_on("#save").await?;
+    let problem = browser.wait_for_text("#form-problem", "HTTP 403").await?;
+    ensure!(problem.contains("read-only"), "the 403 problem does not say why: {problem}");
+    snap(browser, "15-read-only-403").await?;
+    ensure!(admin.latest_version().await? == before, "a read-only session committed a version");
     Ok(())
 }
 
@@ -244,4 +258,139 @@ fn stored_secrets(consumer: &Value) -> Vec<String> {
     let hash = consumer["basic_auth"]["password_hash"].as_str();
     let digests = consumer["api_keys"].as_array().into_iter().flatten().filter_map(|k| k["key_digest"].as_str());
     hash.into_iter().chain(digests).map(str::to_owned).collect()
+}
+
+#[tokio::test]
+async fn the_dashboard_draws_traffic_and_shows_a_stopped_target_down() -> Result<()> {
+    let Some(driver) = Chromedriver::start().await? else { return Ok(()) };
+    let dir = tempfile::tempdir()?;
+    let Cluster { cp, admin, upstream: _u1, backend, dp: dp_a } = Cluster::start(dir.path(), "dp-a").await?;
+    let dp_b = data_plane(cp.addr("grpc_addr")?, "dp-b").await?;
+    let (second, second_addr) = upstream("u2", "127.0.0.1:0").await?;
+    let pool = json!({
+        "name": "pool",
+        "targets": [{ "url": format!("http://{backend}") }, { "url": format!("http://{second_addr}") }],
+        "health_check": { "path": "/health", "interval": "200ms", "timeout": "200ms",
+                          "healthy_threshold": 1, "unhealthy_threshold": 2 },
+    });
+    admin.ok(Method::POST, "/v1/upstreams", Some(pool)).await?;
+    admin.create_api("shop", "/shop", "pool").await?;
+    let version = admin.latest_version().await?;
+    eventually("both data planes run the shop API", || all_applied(&admin, version, 2)).await?;
+
+    let ui = format!("http://{}/ui", cp.addr("admin_addr")?);
+    let browser = driver.browser().await?;
+    let proxies = [dp_a.addr("http_addr")?, dp_b.addr("http_addr")?];
+    let outcome = traffic_scenario(&browser, &ui, proxies, [backend, second_addr], second).await;
+    if outcome.is_err() {
+        let _ = snap(&browser, "failure-traffic").await;
+    }
+    browser.quit().await.ok();
+    driver.stop().await?;
+    outcome
+}
+
+/// Sends `count` requests to `/shop/…?{query}` through `proxy`; returns how many had each class of status.
+async fn send(client: &reqwest::Client, proxy: SocketAddr, count: usize, query: &str) -> Result<(usize, usize)> {
+    let (mut ok, mut failed) = (0, 0);
+    for _ in 0..count {
+        let status = client.get(format!("http://{proxy}/shop/item?{query}")).send().await?.status();
+        if status.is_server_error() { failed += 1 } else { ok += 1 }
+    }
+    Ok((ok, failed))
+}
+
+/// The numbers an API's card shows: the window's requests and errors.
+async fn totals(browser: &Browser, api: &str) -> Result<(u64, u64)> {
+    let figure = |name: &'static str| async move {
+        let text = browser.text(&browser.find(&format!("#traffic-{api} [data-figure={name}]")).await?).await?;
+        text.trim().parse::<u64>().with_context(|| format!("{name}: {text:?}"))
+    };
+    Ok((figure("requests").await?, figure("errors").await?))
+}
+
+/// The values of a chart's points, as drawn.
+async fn chart_values(browser: &Browser, id: &str) -> Result<Vec<f64>> {
+    let mut values = Vec::new();
+    for point in browser.find_all(&format!("#{id} circle")).await? {
+        let value = browser.attribute(&point, "data-value").await?.unwrap_or_default();
+        values.push(value.parse::<f64>().with_context(|| format!("a point of {id}: {value:?}"))?);
+    }
+    Ok(values)
+}
+
+async fn traffic_scenario(
+    browser: &Browser,
+    ui: &str,
+    proxies: [SocketAddr; 2],
+    targets: [SocketAddr; 2],
+    mut second: sluice_testkit::Process,
+) -> Result<()> {
+    sign_in(browser, ui, ADMIN_TOKEN).await?;
+
+    // Upstreams: both targets healthy as both data planes see them.
+    open(browser, ui, "upstreams", "Upstreams").await?;
+    for target in targets {
+        let row = format!("tr[data-target=\"http://{target}\"]");
+        let health = browser.wait_for_text(&row, "2 of 2 data planes healthy").await?;
+        ensure!(health.contains("healthy"), "{health}");
+    }
+
+    // Traffic: 30 requests through one data plane (10 answered 500 by the upstream), 20 through the other.
+    let client = reqwest::Client::new();
+    let mut sent = (0, 0);
+    for (proxy, count, query) in [(proxies[0], 20, "n=1"), (proxies[0], 10, "status=500"), (proxies[1], 20, "n=2")] {
+        let (ok, failed) = send(&client, proxy, count, query).await?;
+        sent = (sent.0 + ok, sent.1 + failed);
+    }
+    ensure!(sent == (40, 10), "the upstream answered otherwise than asked: {sent:?}");
+    open(browser, ui, "traffic", "Traffic").await?;
+    let sources = browser.wait_for_text("#traffic-sources", "2 data planes").await?;
+    ensure!(sources.contains("dp-a") && sources.contains("dp-b"), "{sources}");
+    eventually_shown(browser, "shop", (50, 10)).await?;
+    let rates = chart_values(browser, "chart-shop-requests_per_second").await?;
+    ensure!(!rates.is_empty() && rates.iter().any(|rate| *rate > 0.0), "requests/s drawn: {rates:?}");
+    let errors = chart_values(browser, "chart-shop-error_rate").await?;
+    ensure!(errors.iter().any(|rate| *rate > 0.0), "error rate drawn: {errors:?}");
+    let latest = browser.wait_for("[data-latest=requests_per_second]").await?;
+    ensure!(browser.text(&latest).await?.contains("req/s"), "no latest requests/s beside the chart");
+    snap(browser, "16-traffic").await?;
+
+    // More requests, slower ones: the figures and the p99 chart move.
+    send(&client, proxies[1], 25, "delay_ms=150").await?;
+    eventually_shown(browser, "shop", (75, 10)).await?;
+    // The slowest of 75 requests, or of a step holding only the slow ones, is 150 ms: the (100, 250] ms bucket.
+    let p99 = chart_values(browser, "chart-shop-p99_ms").await?;
+    ensure!(p99.iter().any(|p99| *p99 >= 100.0), "the slow requests are not in the p99 chart: {p99:?}");
+    snap(browser, "17-traffic-moved").await?;
+
+    // The second target stops: both data planes' active checks fail it, and the page says so.
+    second.kill().await?;
+    open(browser, ui, "upstreams", "Upstreams").await?;
+    let row = format!("tr[data-target=\"http://{}\"]", targets[1]);
+    let health = browser.wait_for_text(&row, "0 of 2 data planes healthy").await?;
+    ensure!(health.contains("down") && health.matches("failing active check").count() == 2, "{health}");
+    let state = browser.attribute(&browser.find(&row).await?, "data-health").await?;
+    ensure!(state.as_deref() == Some("down"), "{state:?}");
+    let first = format!("tr[data-target=\"http://{}\"]", targets[0]);
+    ensure!(
+        browser.text(&browser.find(&first).await?).await?.contains("2 of 2 data planes healthy"),
+        "the first target"
+    );
+    snap(browser, "18-upstreams-target-down").await?;
+    Ok(())
+}
+
+/// Waits until the API's card shows these totals (the page refreshes on its own every few seconds).
+async fn eventually_shown(browser: &Browser, api: &str, expected: (u64, u64)) -> Result<()> {
+    let what = format!("the traffic page to show {expected:?} for {api}");
+    let shown = sluice_testkit::eventually(&what, std::time::Duration::from_millis(200), || async {
+        totals(browser, api).await.is_ok_and(|totals| totals == expected)
+    })
+    .await;
+    if shown.is_err() {
+        let last = totals(browser, api).await;
+        return shown.with_context(|| format!("last shown (requests, errors): {last:?}"));
+    }
+    Ok(())
 }

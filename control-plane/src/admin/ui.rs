@@ -36,6 +36,7 @@ const ASSETS: &[Asset] = &[
     js("pages.js", include_str!("../../ui/pages.js")),
     js("snapshots.js", include_str!("../../ui/snapshots.js")),
     js("edit.js", include_str!("../../ui/edit.js")),
+    js("traffic.js", include_str!("../../ui/traffic.js")),
 ];
 
 const fn js(name: &'static str, body: &'static str) -> Asset {

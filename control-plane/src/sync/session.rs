@@ -385,6 +385,7 @@ impl Session {
             }
             Some(data_plane_message::Message::Heartbeat(beat)) => {
                 tracing::debug!(%node_id, version = beat.current_version, "heartbeat");
+                self.service.inner.telemetry.record(&node_id, self.record.last_seen, &beat);
                 if beat.current_hash.is_empty() {
                     // Serving nothing yet; keep what was recorded.
                 } else if self.record.applied_hash.as_deref() == Some(beat.current_hash.as_str()) {

@@ -1,7 +1,8 @@
 //! Beside the sessions: the flusher that writes what the sessions recorded
 //! in memory to the database in batches, and the periodic sweep that marks
 //! silent nodes disconnected and forgets nodes unseen for longer than the
-//! purge delay.
+//! purge delay (and their health and traffic reports once the window of
+//! the charts has passed).
 
 use std::time::Duration;
 
@@ -9,11 +10,12 @@ use tokio::sync::watch;
 
 use super::{SyncOptions, now_ms};
 use crate::store::Store;
+use crate::telemetry::{Telemetry, WINDOW_MS};
 
 /// Starts the sweep and the flusher; they end when `shutdown`'s sender is dropped.
-pub fn spawn(store: Store, options: SyncOptions, shutdown: watch::Receiver<()>) {
+pub fn spawn(store: Store, telemetry: Telemetry, options: SyncOptions, shutdown: watch::Receiver<()>) {
     tokio::spawn(flush(store.clone(), options.flush_interval, shutdown.clone()));
-    tokio::spawn(run(store, options, shutdown));
+    tokio::spawn(run(store, telemetry, options, shutdown));
 }
 
 /// Every `interval`, one transaction with every node record that changed.
@@ -34,7 +36,7 @@ async fn flush(store: Store, interval: Duration, mut shutdown: watch::Receiver<(
     }
 }
 
-async fn run(store: Store, options: SyncOptions, mut shutdown: watch::Receiver<()>) {
+async fn run(store: Store, telemetry: Telemetry, options: SyncOptions, mut shutdown: watch::Receiver<()>) {
     let mut tick = tokio::time::interval(options.sweep_interval.max(Duration::from_millis(10)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -44,6 +46,8 @@ async fn run(store: Store, options: SyncOptions, mut shutdown: watch::Receiver<(
             _ = shutdown.changed() => return,
         }
         sweep(&store, &options).await;
+        // Reports older than the charts' window show nothing any more.
+        telemetry.forget_silent_since(now_ms() - WINDOW_MS);
     }
 }
 

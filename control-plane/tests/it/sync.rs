@@ -140,6 +140,7 @@ impl Node {
         self.send(data_plane_message::Message::Heartbeat(Heartbeat {
             current_hash: running.hash.clone(),
             current_version: running.version,
+            ..Heartbeat::default()
         }))
         .await
     }

@@ -4,13 +4,17 @@
 //! the registry on every call; here each (method, status) handle is
 //! registered on its first request and the request path after that only
 //! increments an atomic. Handles are allocated lazily, so an API that never
-//! sees traffic costs one pointer and adds no series to `/metrics`.
+//! sees traffic costs one pointer and adds no series to `/metrics`. The same
+//! call counts the request for the heartbeat's traffic summary (`traffic`).
+
+mod traffic;
 
 use std::sync::{Arc, LazyLock, OnceLock};
 use std::time::Duration;
 
 use http::{Method, StatusCode};
 use metrics::{Counter, Histogram};
+use traffic::{TrafficCounters, TrafficCounts};
 
 const METHODS: [&str; 10] = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE", "OTHER"];
 const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
@@ -48,6 +52,8 @@ struct Handles {
     bytes_in: Counter,
     bytes_out: Counter,
     grpc: [OnceLock<Counter>; GRPC_CODES.len()],
+    /// What the heartbeat summarises; here so that an idle API costs nothing more.
+    traffic: TrafficCounters,
 }
 
 /// Requests that matched no API (404, 405, not ready) are counted under `api="-"`.
@@ -76,6 +82,7 @@ impl RequestMetrics {
                 bytes_in: metrics::counter!("sluice_request_bytes_total", "api" => self.api.to_string()),
                 bytes_out: metrics::counter!("sluice_response_bytes_total", "api" => self.api.to_string()),
                 grpc: Default::default(),
+                traffic: TrafficCounters::default(),
             })
         });
         let (m, s, c) = (method_index(method), status_index(status), status_class_index(status));
@@ -91,6 +98,7 @@ impl RequestMetrics {
             })
             .increment(1);
         handles.duration.record(elapsed.as_secs_f64());
+        handles.traffic.record(status, elapsed);
         let (bytes_in, bytes_out) = bytes;
         if bytes_in > 0 {
             handles.bytes_in.increment(bytes_in);
@@ -108,6 +116,13 @@ impl RequestMetrics {
                 })
                 .increment(1);
         }
+    }
+}
+
+impl RequestMetrics {
+    /// This API's traffic since the previous take (see [`TrafficCounters::take`]).
+    pub fn take_traffic(&self) -> Option<TrafficCounts> {
+        self.handles.get()?.traffic.take()
     }
 }
 

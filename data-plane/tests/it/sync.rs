@@ -201,3 +201,63 @@ async fn refused_stream_is_logged_with_the_reason_and_retried() -> Result<()> {
     assert_eq!(dp.metric("sluice_sync_connected").await?, Some(0.0));
     Ok(())
 }
+
+/// Heartbeats carry each API's requests since the previous one (every request counted once over the
+/// heartbeats, 5xx answers as errors, each in a latency bucket) and each target's health.
+#[tokio::test]
+async fn heartbeats_report_traffic_and_target_health() -> Result<()> {
+    use sluice_proto::v1::TargetState;
+
+    let upstream = Upstream::start("alpha").await?;
+    let down = format!("http://{}", unused_addr().await?);
+    let mut s = snapshot(1, &[upstream.url(), down.clone()]);
+    s.upstreams[0].passive_health_check = Some(sluice_proto::v1::PassiveHealthCheck {
+        consecutive_failures: 1,
+        ejection_ms: 60_000,
+        unhealthy_statuses: vec![],
+    });
+    let s = seal(s);
+    let mut cp = FakeControlPlane::start().await?;
+    let dp = DataPlane::start(&cp.url(), &["--cluster-token", "s3cret"]).await?;
+    let mut conn = cp.accept().await?;
+    conn.push(s).await?;
+    conn.ack().await?;
+
+    // Round robin over the two targets: the dead one fails a request (a 502) and is ejected; the
+    // others go to the live one.
+    let mut statuses = Vec::new();
+    for i in 0..10 {
+        let query = if i < 4 { "" } else { "?status=503" };
+        statuses.push(get(&dp, &format!("/item{query}")).await?.0);
+    }
+    let failed = statuses.iter().filter(|status| **status >= 500).count() as u64;
+    assert!(failed >= 6, "{statuses:?}");
+
+    let (mut requests, mut errors, mut latency) = (0u64, 0u64, 0u64);
+    let mut last = None;
+    for _ in 0..50 {
+        let beat = conn.heartbeat().await?;
+        let traffic = beat.traffic.clone().context("no traffic summary")?;
+        assert!(traffic.interval_ms > 0 && traffic.interval_ms < 5_000, "{traffic:?}");
+        for api in traffic.apis {
+            assert_eq!(api.api, "echo");
+            assert_eq!(api.latency_buckets.len(), sluice_proto::telemetry::LATENCY_BUCKETS);
+            requests += api.requests;
+            errors += api.errors;
+            latency += api.latency_buckets.iter().sum::<u64>();
+        }
+        last = Some(beat);
+        if requests >= 10 {
+            break;
+        }
+    }
+    assert_eq!((requests, errors, latency), (10, failed, 10));
+    let beat = last.context("no heartbeat")?;
+    let mut targets: Vec<(String, TargetState)> = beat.targets.iter().map(|t| (t.url.clone(), t.state())).collect();
+    targets.sort();
+    let mut expected = vec![(upstream.url(), TargetState::Healthy), (down, TargetState::Ejected)];
+    expected.sort();
+    assert_eq!(targets, expected);
+    assert!(beat.targets.iter().all(|t| t.upstream == "backend"));
+    Ok(())
+}

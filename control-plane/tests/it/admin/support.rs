@@ -118,6 +118,7 @@ impl Server {
             store: store.clone(),
             admin_token: TokenDigest::of(TOKEN),
             stale_after: Duration::from_secs(30),
+            telemetry: Default::default(),
         };
         let app = router_with_parse_hook(state, hook);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap_or_else(|e| panic!("bind: {e}"));
