@@ -28,27 +28,46 @@ function fixed(value) {
 export async function trafficPage(ctx) {
   const body = h('div', { id: 'traffic' });
   const sources = h('p', { class: 'help', id: 'traffic-sources' });
+  // Every data plane added up, or one of them alone.
+  const select = h('select', { id: 'traffic-source', name: 'source' }, h('option', { value: '' }, 'All data planes'));
+  let known = [];
   const refresh = async () => {
-    const data = await get('/v1/traffic');
+    const all = await get('/v1/traffic');
+    const planes = all?.data_planes || [];
+    if (planes.join('\n') !== known.join('\n')) {
+      // Rebuilt only when the set changes, so a list the operator has open is not replaced under the pointer.
+      const chosen = select.value;
+      known = planes;
+      replace(select, h('option', { value: '' }, 'All data planes'),
+        planes.map((node) => h('option', { value: node, selected: node === chosen }, node)));
+    }
+    const node = select.value;
+    const data = node ? (await get(`/v1/data-planes/${encodeURIComponent(node)}/telemetry`))?.traffic : all;
     // A refresh rebuilds the charts; keyboard focus stays on the chart it was on.
     const focused = document.activeElement?.id;
-    renderTraffic(body, sources, data);
+    renderTraffic(body, sources, data, node);
     if (focused) document.getElementById(focused)?.focus();
   };
+  select.addEventListener('change', () => refresh().catch(() => {}));
   await refresh();
   ctx.every(REFRESH_MS, () => refresh().catch(() => {}));
   return h('section', { 'aria-labelledby': 'traffic-title' },
-    h('h1', { id: 'traffic-title' }, 'Traffic'),
+    h('div', { class: 'title-row' },
+      h('h1', { id: 'traffic-title' }, 'Traffic'),
+      h('div', { class: 'field inline' }, h('label', { for: 'traffic-source' }, 'Data plane'), select)),
     sources,
     body);
 }
 
-function renderTraffic(body, sources, data) {
+function renderTraffic(body, sources, data, node) {
   const planes = data?.data_planes || [];
   const minutes = Math.round((data?.window_seconds || 900) / 60);
+  const from = node
+    ? `from data plane ${node} alone`
+    : `added up over ${planes.length} data plane${planes.length === 1 ? '' : 's'} (${planes.join(', ')})`;
   replace(sources,
     planes.length
-      ? `Last ${minutes} minutes, in ${data.slot_seconds}-second steps, added up over ${planes.length} data plane${planes.length === 1 ? '' : 's'} (${planes.join(', ')}), as their heartbeats reported it.`
+      ? `Last ${minutes} minutes, in ${data.slot_seconds}-second steps, ${from}, as the heartbeats reported it.`
       : `No data plane connected to this control plane reported traffic in the last ${minutes} minutes.`,
     data?.apis_omitted ? ` The data planes left ${data.apis_omitted} quieter API entries out of their reports.` : '');
   const apis = data?.apis || [];
@@ -113,6 +132,11 @@ function chart(api, metric, range) {
   svg('line', { class: 'axis', x1: PAD.left, y1: PAD.top, x2: PAD.left, y2: HEIGHT - PAD.bottom }),
   svg('text', { class: 'tick', x: PAD.left - 4, y: PAD.top + 8, 'text-anchor': 'end' }, fixed(top)),
   svg('text', { class: 'tick', x: PAD.left - 4, y: HEIGHT - PAD.bottom, 'text-anchor': 'end' }, '0'),
+  // A faint line every 5 minutes, so a point's age can be read off.
+  Array.from({ length: Math.max(0, Math.floor(minutes / 5) - 1) }, (_, i) => {
+    const gx = x(range.to - (i + 1) * 5 * 60000).toFixed(1);
+    return svg('line', { class: 'grid', x1: gx, y1: PAD.top, x2: gx, y2: HEIGHT - PAD.bottom });
+  }),
   svg('text', { class: 'tick', x: PAD.left, y: HEIGHT - 4 }, `−${minutes} min`),
   svg('text', { class: 'tick', x: WIDTH - PAD.right, y: HEIGHT - 4, 'text-anchor': 'end' }, 'now'),
   segments.map((segment) => svg('polyline', { class: 'line', points: segment.join(' ') })),

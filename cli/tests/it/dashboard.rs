@@ -364,6 +364,12 @@ async fn traffic_scenario(
     ensure!(p99.iter().any(|p99| *p99 >= 100.0), "the slow requests are not in the p99 chart: {p99:?}");
     snap(browser, "17-traffic-moved").await?;
 
+    // One data plane alone: the second took 20 + 25 requests, none answered 500.
+    browser.click_on("#traffic-source option[value=dp-b]").await?;
+    browser.wait_for_text("#traffic-sources", "from data plane dp-b alone").await?;
+    eventually_shown(browser, "shop", (45, 0)).await?;
+    snap(browser, "18-traffic-one-data-plane").await?;
+
     // The second target stops: both data planes' active checks fail it, and the page says so.
     second.kill().await?;
     open(browser, ui, "upstreams", "Upstreams").await?;
@@ -377,7 +383,7 @@ async fn traffic_scenario(
         browser.text(&browser.find(&first).await?).await?.contains("2 of 2 data planes healthy"),
         "the first target"
     );
-    snap(browser, "18-upstreams-target-down").await?;
+    snap(browser, "19-upstreams-target-down").await?;
     Ok(())
 }
 

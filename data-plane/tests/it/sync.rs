@@ -238,7 +238,7 @@ async fn heartbeats_report_traffic_and_target_health() -> Result<()> {
     for _ in 0..50 {
         let beat = conn.heartbeat().await?;
         let traffic = beat.traffic.clone().context("no traffic summary")?;
-        assert!(traffic.interval_ms > 0 && traffic.interval_ms < 5_000, "{traffic:?}");
+        assert!(traffic.interval_ms > 0, "{traffic:?}");
         for api in traffic.apis {
             assert_eq!(api.api, "echo");
             assert_eq!(api.latency_buckets.len(), sluice_proto::telemetry::LATENCY_BUCKETS);
