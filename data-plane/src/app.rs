@@ -9,14 +9,13 @@ use std::time::Duration;
 
 use futures_util::StreamExt as _;
 use futures_util::stream::FuturesUnordered;
-use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 use tracing::{error, info, warn};
 
 use crate::backoff::Backoff;
-use crate::base::worker;
+use crate::base::{MetricRegistry, worker};
 use crate::ops;
 use crate::policy::PolicyContext;
 use crate::policy::auth_failures::{AuthFailures, LoginGuard};
@@ -63,7 +62,7 @@ pub struct App {
     tables: Arc<TableStore>,
     sync: SyncClient,
     sync_state: Arc<SyncState>,
-    metrics: PrometheusHandle,
+    metrics: Arc<MetricRegistry>,
     proxy_options: ProxyOptions,
     shutdown_grace: Duration,
 }

@@ -1,11 +1,13 @@
 //! The bottom of the request path: what every layer above shares (body
 //! types, problem-details responses, the proxy error, the request ID, per-API
-//! request metrics, the proxy worker index). It imports nothing from the layers
-//! above it, so the path reads top-down: proxy -> routing -> policy/openapi
-//! -> upstream -> tls, each using only what stands below it.
+//! request metrics, the registry holding every metric series, the proxy
+//! worker index). It imports nothing from the layers above it, so the path
+//! reads top-down: proxy -> routing -> policy/openapi -> upstream -> tls,
+//! each using only what stands below it.
 
 mod body;
 mod error;
+mod metric_registry;
 pub mod problem;
 mod request_id;
 mod request_metrics;
@@ -13,5 +15,6 @@ pub mod worker;
 
 pub use body::{BodyStatus, BoxError, ClientFault, ProxyBody, RequestBody, full_body, full_body_request};
 pub use error::{Origin, ProxyError, error_chain};
+pub use metric_registry::MetricRegistry;
 pub use request_id::RequestId;
 pub use request_metrics::{RequestMetrics, UNROUTED};

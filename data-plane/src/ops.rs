@@ -3,54 +3,39 @@
 //! `/healthz` (process alive), `/readyz` (a routing table is applied),
 //! `/metrics` (Prometheus text).
 
-use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::sync::{Arc, Once};
 
 use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
-use tracing::warn;
 
+use crate::base::MetricRegistry;
 use crate::routing::TableStore;
 
-/// Latency buckets in seconds, from sub-millisecond proxy overhead to slow upstreams.
-const SECONDS_BUCKETS: &[f64] =
-    &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+static DESCRIBED: Once = Once::new();
 
-static METRICS: OnceLock<PrometheusHandle> = OnceLock::new();
-
-/// The process-wide Prometheus handle. The global recorder can be installed
-/// only once per process, and tests build several apps in one process, so the
-/// first caller installs it and everyone shares the handle. If some other
-/// recorder got there first, metrics render empty instead of panicking.
-pub fn metrics_handle() -> PrometheusHandle {
-    METRICS
-        .get_or_init(|| {
-            let builder = match PrometheusBuilder::new()
-                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
-            {
-                Ok(builder) => builder,
-                Err(e) => {
-                    warn!(error = %e, "invalid histogram buckets; histograms render as summaries");
-                    PrometheusBuilder::new()
-                }
-            };
-            let recorder = builder.build_recorder();
-            let handle = recorder.handle();
-            if let Err(e) = metrics::set_global_recorder(recorder) {
-                warn!(error = %e, "a metrics recorder is already installed; /metrics will be empty");
-            } else {
-                crate::sync::describe_metrics();
-                describe_proxy_metrics();
-                spawn_upkeep(handle.clone());
-            }
-            handle
-        })
-        .clone()
+/// The process-wide metric registry (see [`MetricRegistry::install`]), with
+/// every series' `# HELP` text.
+pub fn metrics_handle() -> Arc<MetricRegistry> {
+    let registry = MetricRegistry::install();
+    DESCRIBED.call_once(|| {
+        crate::sync::describe_metrics();
+        describe_proxy_metrics();
+        // Label-less counters of rare events start at zero: until a series
+        // exists, `rate()` and `increase()` cannot see its first event, and a
+        // dashboard panel over it shows "no data" instead of 0.
+        for name in [
+            crate::sync::METRIC_SNAPSHOT_SWAPS,
+            crate::sync::METRIC_SNAPSHOT_REJECTS,
+            "sluice_password_verifications_total",
+        ] {
+            metrics::counter!(name).increment(0);
+        }
+    });
+    registry
 }
 
 /// `# HELP` for every series of the request path (the sync client's are in
@@ -94,34 +79,13 @@ fn describe_proxy_metrics() {
     describe_counter!("sluice_upstream_retries_refused_total", "Retries the upstream's retry budget refused");
 }
 
-/// How often histogram samples are folded into their buckets.
-///
-/// Until then every request's samples are held raw (8 bytes each plus block
-/// overhead), so what they hold grows with the request rate times this
-/// interval. Folding costs the same per sample whenever it happens, so a
-/// short interval costs nothing more.
-const HISTOGRAM_UPKEEP_INTERVAL: Duration = Duration::from_secs(1);
-
-/// Histograms accumulate samples until drained; without upkeep an unscraped
-/// node would grow without bound.
-fn spawn_upkeep(handle: PrometheusHandle) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-    runtime.spawn(async move {
-        let mut tick = tokio::time::interval(HISTOGRAM_UPKEEP_INTERVAL);
-        loop {
-            tick.tick().await;
-            handle.run_upkeep();
-        }
-    });
-}
-
 #[derive(Clone)]
 struct OpsState {
     tables: Arc<TableStore>,
-    metrics: PrometheusHandle,
+    metrics: Arc<MetricRegistry>,
 }
 
-pub fn router(tables: Arc<TableStore>, metrics: PrometheusHandle) -> Router {
+pub fn router(tables: Arc<TableStore>, metrics: Arc<MetricRegistry>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -133,7 +97,7 @@ pub fn router(tables: Arc<TableStore>, metrics: PrometheusHandle) -> Router {
 pub async fn serve(
     listener: TcpListener,
     tables: Arc<TableStore>,
-    metrics: PrometheusHandle,
+    metrics: Arc<MetricRegistry>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     axum::serve(listener, router(tables, metrics)).with_graceful_shutdown(shutdown).await

@@ -4,7 +4,7 @@
 //! `TableStore` swaps it in with one atomic store that every new request then
 //! reads once.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -16,7 +16,7 @@ use sluice_proto::v1;
 use sluice_proto::routes as matcher;
 pub use sluice_proto::routes::RouteMiss;
 
-use crate::base::RequestMetrics;
+use crate::base::{MetricRegistry, RequestMetrics};
 use crate::fast_map::FastMap;
 use crate::policy::{ConsumerTags, PolicyChain, PolicyContext, PolicyError};
 use crate::tls::{CertificateError, CertificateSet};
@@ -83,6 +83,8 @@ pub struct RoutingTable {
     route_digest: RouteDigest,
     apis: Vec<Arc<CompiledApi>>,
     upstreams: HashMap<String, Arc<UpstreamPool>>,
+    /// The configured consumers, kept to tell which ones a swap removed.
+    consumers: Arc<ConsumerTags>,
     /// Served by SNI on the HTTPS listener, looked up per handshake.
     certificates: CertificateSet,
 }
@@ -176,7 +178,16 @@ pub fn compile(
     };
 
     let hash = if snapshot.hash.is_empty() { sluice_proto::content_hash(snapshot) } else { snapshot.hash.clone() };
-    Ok(RoutingTable { version: snapshot.version, hash, matcher, route_digest, apis, upstreams, certificates })
+    Ok(RoutingTable {
+        version: snapshot.version,
+        hash,
+        matcher,
+        route_digest,
+        apis,
+        upstreams,
+        consumers,
+        certificates,
+    })
 }
 
 type RouteDigest = [u8; 32];
@@ -269,12 +280,55 @@ impl TableStore {
         table.hash = hash;
         let compile_time = started.elapsed();
         let version = table.version;
-        self.current.store(Some(Arc::new(table)));
+        let table = Arc::new(table);
+        self.current.store(Some(table.clone()));
         if let Some(previous) = previous {
+            forget_removed(&previous, &table);
             retire(previous);
         }
         Ok(ApplyOutcome::Swapped { version, compile_time })
     }
+}
+
+/// Drops the metric series of the APIs, upstreams, targets and consumers
+/// `previous` had and `next` has not, so that `/metrics` shows only what is
+/// configured (and a name that comes back starts its series at zero).
+/// Series are matched by label name and value: an upstream and an API of the
+/// same name are told apart, and a target only goes with its upstream.
+///
+/// After the store, so no new request resolves a handle of what left. A
+/// request still on `previous` keeps its resolved handles (their counts are
+/// no longer rendered); one that registers a series anew after this point
+/// (a policy refusal is counted through the registry) brings that one
+/// series back until the name is removed again: rare, and bounded by the
+/// requests in flight at the swap.
+fn forget_removed(previous: &RoutingTable, next: &RoutingTable) {
+    let kept_apis: HashSet<&str> = next.apis.iter().map(|api| api.name.as_str()).collect();
+    let apis: HashSet<&str> =
+        previous.apis.iter().map(|api| api.name.as_str()).filter(|name| !kept_apis.contains(name)).collect();
+    let upstreams: HashSet<&str> =
+        previous.upstreams.keys().map(String::as_str).filter(|name| !next.upstreams.contains_key(*name)).collect();
+    let mut targets: HashSet<(&str, &str)> = HashSet::new();
+    for (name, pool) in &previous.upstreams {
+        let Some(kept) = next.upstreams.get(name).filter(|kept| !Arc::ptr_eq(kept, pool)) else { continue };
+        for target in pool.targets() {
+            if !kept.targets().iter().any(|t| t.url == target.url) {
+                targets.insert((name.as_str(), target.url.as_str()));
+            }
+        }
+    }
+    let consumers: HashSet<&str> = previous.consumers.names().filter(|name| !next.consumers.contains(name)).collect();
+    if apis.is_empty() && upstreams.is_empty() && targets.is_empty() && consumers.is_empty() {
+        return;
+    }
+    MetricRegistry::forget_installed(|key| {
+        let label = |name: &str| key.labels().find(|l| l.key() == name).map(|l| l.value());
+        label("api").is_some_and(|api| apis.contains(api))
+            || label("consumer").is_some_and(|consumer| consumers.contains(consumer))
+            || label("upstream").is_some_and(|upstream| {
+                upstreams.contains(upstream) || label("target").is_some_and(|t| targets.contains(&(upstream, t)))
+            })
+    });
 }
 
 /// How often a replaced table is first checked for requests still on it.

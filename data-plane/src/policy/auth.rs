@@ -67,6 +67,14 @@ impl ConsumerTags {
         let tag = |name: &str| ConsumerTag { header: HeaderValue::from_str(name).ok(), requests: OnceLock::new() };
         ConsumerTags(consumers.iter().map(|c| (c.username.as_str().into(), tag(&c.username))).collect())
     }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.0.contains_key(name)
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.0.keys().map(|name| &**name)
+    }
 }
 
 impl Authentication {

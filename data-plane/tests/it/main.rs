@@ -16,6 +16,7 @@ mod hostile_paths;
 mod http1_requests;
 mod http1_responses;
 mod lifecycle;
+mod metrics;
 mod observe;
 mod openapi;
 mod policies;

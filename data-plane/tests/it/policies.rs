@@ -28,7 +28,7 @@ use tokio::task::JoinHandle;
 use crate::gateway::Gateway;
 use crate::support::{DataPlane, client, send, serve_http1};
 
-const HMAC_KEY: &[u8] = b"cluster-api-key-hmac-key";
+pub const HMAC_KEY: &[u8] = b"cluster-api-key-hmac-key";
 const JWT_SECRET: &str = "ann-jwt-secret";
 
 #[derive(Debug, Clone)]
@@ -105,7 +105,7 @@ async fn record(
     Ok(response.unwrap_or_default())
 }
 
-fn hmac_hex(key: &str) -> Result<String> {
+pub fn hmac_hex(key: &str) -> Result<String> {
     let mut mac = Hmac::<Sha256>::new_from_slice(HMAC_KEY)?;
     mac.update(key.as_bytes());
     Ok(hex::encode(mac.finalize().into_bytes()))
