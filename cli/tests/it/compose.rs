@@ -4,7 +4,10 @@
 //! `CMD`) and exactly its `environment:` (nothing inherited), as many times as
 //! `deploy.replicas` says; then the demo config is applied and a request goes
 //! through each data plane to the demo upstream. This keeps the compose file
-//! honest: a flag or variable the binaries do not take fails here.
+//! honest: a flag or variable the binaries do not take fails here. The
+//! `observability` profile's Prometheus targets are then scraped from these
+//! processes and the Grafana dashboard's queries checked against what they
+//! export (`observability.rs`).
 //!
 //! The only substitutions, because there is no container network here:
 //! * `${VAR}`, `${VAR:-default}`, `${VAR:?message}` are filled from
@@ -18,7 +21,8 @@
 //!   password and database name change along with the host);
 //! * a named volume is a directory of the test's own, and a path under a
 //!   service's mount point (`/certs/ca.pem`) a path in that directory;
-//! * services without `build:` (postgres; redis, behind a profile) are not started;
+//! * services without `build:` (postgres; redis, prometheus and grafana, behind
+//!   profiles) are not started;
 //! * a one-shot service (`restart: "no"`, like `certs`) runs to completion,
 //!   and must succeed, before the services that depend on it start.
 //!
@@ -428,7 +432,37 @@ async fn run_stack(database_url: &str) -> Result<()> {
     let nodes: Value =
         client.get(format!("{admin_url}/v1/data-planes")).bearer_auth(admin_token).send().await?.json().await?;
     ensure!(nodes["items"].as_array().map(Vec::len) == Some(2), "data planes: {nodes}");
-    Ok(())
+
+    // The demo's rate limit (60 a minute per consumer and node) refuses one, so
+    // that the dashboard's rate-limit panel has its series too.
+    let url = format!("http://{}/demo/more", dps[0].addr("http_addr")?);
+    let mut limited = false;
+    for _ in 0..70 {
+        if client.get(&url).header("apikey", "demo-key").send().await?.status() == 429 {
+            limited = true;
+            break;
+        }
+    }
+    ensure!(limited, "the demo's rate limit never refused");
+
+    // Prometheus's targets, scraped as it would inside the compose network.
+    let prometheus = std::fs::read_to_string(root().join("deploy/prometheus/prometheus.yml"))?;
+    let mut scrapes = Vec::new();
+    for (host, port, path) in crate::observability::scrape_targets(&prometheus)? {
+        let (service, replicas) =
+            running.get(&host).with_context(|| format!("prometheus.yml scrapes {host}, no service"))?;
+        let (_, setting) = service.listens.iter().find(|(listen, _)| *listen == port).with_context(|| {
+            format!("prometheus.yml scrapes {host}:{port}; {host} listens on {:?}", service.listens)
+        })?;
+        for replica in replicas {
+            let url = format!("http://{}{path}", replica.addr(&address_key(setting))?);
+            let response = client.get(&url).send().await?;
+            ensure!(response.status() == 200, "{url}: {}", response.status());
+            scrapes.push(response.text().await?);
+        }
+    }
+    ensure!(scrapes.len() == 3, "two data planes and a control plane scraped, got {}", scrapes.len());
+    crate::observability::check_dashboard(&root(), &scrapes)
 }
 
 #[test]

@@ -17,4 +17,5 @@ mod websocket;
 mod admin_tokens;
 mod cli_roundtrip;
 mod compose;
+mod observability;
 mod replicas;
