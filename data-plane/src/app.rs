@@ -25,6 +25,7 @@ use crate::proxy::{self, ProxyOptions, TlsSetupError, workers};
 use crate::routing::TableStore;
 use crate::settings::{self, Settings};
 use crate::sync::{SyncClient, SyncError, SyncOptions, SyncState};
+use crate::trace::{ExportError, Exporter, Tracer};
 
 /// The ops server has no long requests; it gets a short grace period of its own.
 const OPS_GRACE: Duration = Duration::from_secs(2);
@@ -41,6 +42,8 @@ pub enum AppError {
     Tls(#[from] TlsSetupError),
     #[error("--redis-url: {0}")]
     RateLimit(#[from] RateLimitError),
+    #[error(transparent)]
+    Trace(#[from] ExportError),
 }
 
 /// What a data plane bound, as printed on stdout and logged at start-up.
@@ -64,6 +67,8 @@ pub struct App {
     sync_state: Arc<SyncState>,
     metrics: Arc<MetricRegistry>,
     proxy_options: ProxyOptions,
+    /// Sends the proxy's spans to the collector; `None` with tracing off.
+    exporter: Option<Exporter>,
     shutdown_grace: Duration,
 }
 
@@ -102,6 +107,13 @@ impl App {
         )?;
         sync.load_cache().await;
         let sync_state = sync.state();
+        let (tracer, exporter) = match settings.tracing(&node_id) {
+            Some(tracing) => {
+                let (tracer, exporter) = Tracer::new(tracing)?;
+                (Some(tracer), Some(exporter))
+            }
+            None => (None, None),
+        };
 
         Ok(App {
             bound: Bound { http_addr, https_addr, ops_addr, node_id },
@@ -119,8 +131,10 @@ impl App {
                 headers: settings.header_limits(),
                 client_body_timeout: settings.client_body_timeout(),
                 request_id_header: settings.request_id_header.clone(),
+                tracer,
                 ..ProxyOptions::default()
             },
+            exporter,
             shutdown_grace: settings.shutdown_grace(),
         })
     }
@@ -152,8 +166,10 @@ impl App {
 
         let listeners =
             workers::Listeners { http: self.http_listener, https: self.https_listener, tls: self.tls_config };
-        let ends = workers::start(listeners, self.tables.clone(), self.proxy_options.clone(), &proxy_stop)
+        let ends = workers::start(listeners, self.tables.clone(), self.proxy_options, &proxy_stop)
             .map_err(|source| AppError::Serve { listener: "proxy", source })?;
+        // Ends once the proxy workers, and with them every tracer, are gone.
+        let mut exporter = self.exporter.map(|exporter| tokio::spawn(exporter.run()));
         let mut proxy: FuturesUnordered<_> = ends.into_iter().collect();
         let mut ops = tokio::spawn(ops::serve(self.ops_listener, self.tables.clone(), self.metrics, stopped()));
         let mut sync = tokio::spawn(self.sync.run(stopped()));
@@ -199,6 +215,12 @@ impl App {
         }
         if tokio::time::timeout(OPS_GRACE, &mut sync).await.is_err() {
             sync.abort();
+        }
+        // The spans of the requests drained above, sent if the collector answers in time.
+        if let Some(exporter) = exporter.as_mut()
+            && tokio::time::timeout(OPS_GRACE, &mut *exporter).await.is_err()
+        {
+            exporter.abort();
         }
         info!("data plane stopped");
         match failure {

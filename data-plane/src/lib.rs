@@ -1,7 +1,7 @@
 //! Sluice data plane: receives snapshots from the control plane (`sync`),
 //! compiles them into routing tables (`routing`), and proxies traffic by the
 //! current table (`proxy`, `upstream`); `app` assembles the process, `ops`
-//! serves probes and metrics.
+//! serves probes and metrics, `trace` exports the requests' spans.
 //!
 //! The request path, top-down; each module uses only those below it:
 //! `proxy` -> `routing` -> `policy` / `openapi` -> `upstream` -> `tls`, with
@@ -15,6 +15,7 @@ pub mod ops;
 pub mod settings;
 pub mod snapshot_cache;
 pub mod sync;
+pub mod trace;
 
 // The request path (alphabetical here; the order it runs in is above).
 pub mod base;

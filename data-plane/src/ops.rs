@@ -77,6 +77,11 @@ fn describe_proxy_metrics() {
     describe_counter!("sluice_jwks_fetches_total", "JWKS fetches from a jwt policy's jwks_url, by URL and result");
     describe_counter!("sluice_upstream_retries_total", "Retries sent, by upstream");
     describe_counter!("sluice_upstream_retries_refused_total", "Retries the upstream's retry budget refused");
+    describe_counter!("sluice_trace_spans_exported_total", "Spans the OTLP collector of --otlp-endpoint accepted");
+    describe_counter!(
+        "sluice_trace_spans_dropped_total",
+        "Spans lost: the export queue was full (queue_full) or the export failed (export_failed)"
+    );
 }
 
 #[derive(Clone)]

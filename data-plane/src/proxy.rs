@@ -2,9 +2,9 @@
 //! accept (plain, or TLS with the certificate picked by SNI) -> HTTP/1.1 or
 //! HTTP/2 -> load the routing table once -> the canonical path and host
 //! (`inbound`) -> route match -> the API's policy
-//! chain (`policy`) around the forward to an upstream target -> access log
-//! and metrics. Graceful: on shutdown it stops accepting and lets open
-//! connections finish.
+//! chain (`policy`) around the forward to an upstream target -> access log,
+//! metrics and the request's span (`trace`). Graceful: on shutdown it stops
+//! accepting and lets open connections finish.
 
 mod balance;
 mod client_body;
@@ -35,6 +35,7 @@ pub use tls_server::{TlsSetupError, tls_server_config};
 
 use crate::base::{BodyStatus, Origin, ProxyBody, ProxyError};
 use crate::routing::{CompiledApi, RouteMiss, RoutingTable, TableStore};
+use crate::trace::Tracer;
 use balance::Seat;
 use connection::Protocols;
 use idle::ActiveRequest;
@@ -57,6 +58,8 @@ pub struct ProxyOptions {
     pub client_body_timeout: Duration,
     /// The header carrying the request ID in both directions (see `base::RequestId`).
     pub request_id_header: HeaderName,
+    /// Starts each request's span; `None` (tracing off) costs a request nothing.
+    pub tracer: Option<Arc<Tracer>>,
 }
 
 /// How long an idle client connection is kept open unless configured.
@@ -84,6 +87,7 @@ impl Default for ProxyOptions {
             headers: DEFAULT_HEADER_LIMITS,
             client_body_timeout: DEFAULT_CLIENT_BODY_TIMEOUT,
             request_id_header: HeaderName::from_static(DEFAULT_REQUEST_ID_HEADER),
+            tracer: None,
         }
     }
 }
@@ -213,6 +217,10 @@ fn handle(
         let mut request = request;
         // First, so that every answer, even one refused before routing, carries the ID.
         let (request_id, echo) = inbound::request_id(request.headers_mut(), &shared.options.request_id_header);
+        // Before anything can refuse the request: a refusal is traced too.
+        // The span's `traceparent` replaces the client's here, so the
+        // upstream receives it with the other headers.
+        let trace = shared.options.tracer.as_ref().and_then(|tracer| tracer.start(request.headers_mut()));
         let access_log = shared.options.access_log;
         let mut exchange = Exchange {
             active,
@@ -236,6 +244,7 @@ fn handle(
             access_log,
             in_flight: None,
             table: None,
+            trace,
         };
         let response = match route_and_forward(request, &shared, &peer, &mut exchange).await {
             Ok(response) => response,

@@ -15,6 +15,7 @@ use crate::proxy::{
     DEFAULT_CLIENT_BODY_TIMEOUT, DEFAULT_HEADER_LIMITS, DEFAULT_IDLE_TIMEOUT, DEFAULT_REQUEST_ID_HEADER, HeaderLimits,
 };
 use crate::sync::SyncTls;
+use crate::trace::{DEFAULT_SERVICE_NAME, TraceSettings};
 
 /// An on/off switch spelled the way operators write it in env files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -163,6 +164,21 @@ pub struct Settings {
     #[arg(long, env = "SLUICE_WORKER_THREADS", default_value_t = 0)]
     pub worker_threads: usize,
 
+    /// OTLP/gRPC endpoint of a trace collector (`http://collector:4317`, or
+    /// `https://` verified against the system's CAs). Unset (the default):
+    /// no tracing, and `traceparent`/`tracestate` pass as any other header.
+    #[arg(long, env = "SLUICE_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+
+    /// Share of new traces sampled, 0 to 1. A client's `traceparent` decides
+    /// for the traces it started (its sampled flag).
+    #[arg(long, env = "SLUICE_TRACE_SAMPLING_RATIO", default_value_t = 1.0, value_parser = parse_ratio)]
+    pub trace_sampling_ratio: f64,
+
+    /// `service.name` of the exported spans.
+    #[arg(long, env = "SLUICE_SERVICE_NAME", default_value = DEFAULT_SERVICE_NAME)]
+    pub service_name: String,
+
     /// Do not start: ask the `/readyz` of the data plane already running with
     /// these settings (its `--ops-addr`) and exit 0 if it is ready, 1 if not.
     /// A container healthcheck that needs no curl in the image.
@@ -199,6 +215,9 @@ impl Settings {
             underscores_in_headers: Switch::Off,
             client_body_timeout_secs: DEFAULT_CLIENT_BODY_TIMEOUT.as_secs(),
             worker_threads: 0,
+            otlp_endpoint: None,
+            trace_sampling_ratio: 1.0,
+            service_name: DEFAULT_SERVICE_NAME.into(),
             check_ready: false,
         }
     }
@@ -253,6 +272,17 @@ impl Settings {
         Duration::from_secs(self.shutdown_grace_secs)
     }
 
+    /// Tracing's settings, `None` without `--otlp-endpoint` (tracing off).
+    pub fn tracing(&self, node_id: &str) -> Option<TraceSettings> {
+        let endpoint = self.otlp_endpoint.as_deref().map(str::trim).filter(|url| !url.is_empty())?;
+        Some(TraceSettings {
+            endpoint: endpoint.to_owned(),
+            sampling_ratio: self.trace_sampling_ratio,
+            service_name: self.service_name.clone(),
+            node_id: node_id.to_owned(),
+        })
+    }
+
     /// The configured node id, or `<hostname>-<6 hex chars>`.
     pub fn resolved_node_id(&self) -> String {
         match &self.node_id {
@@ -288,6 +318,14 @@ fn parse_request_id_header(text: &str) -> Result<HeaderName, String> {
         return Err(format!("`{name}` is set or read by the gateway for another purpose"));
     }
     Ok(name)
+}
+
+/// A number from 0 to 1.
+fn parse_ratio(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(ratio) if (0.0..=1.0).contains(&ratio) => Ok(ratio),
+        _ => Err(format!("`{text}` is not a number from 0 to 1")),
+    }
 }
 
 /// `10.0.0.0/8, 192.168.1.1` -> CIDRs; blank entries are skipped.
@@ -371,6 +409,36 @@ mod tests {
         assert_eq!(s.ops_probe_addr(), "127.0.0.1:9100".parse::<SocketAddr>().unwrap());
         let s = Settings::try_parse_from(["sluice-dp", "--ops-addr", "10.1.2.3:9100"]).unwrap();
         assert_eq!(s.ops_probe_addr(), "10.1.2.3:9100".parse::<SocketAddr>().unwrap());
+    }
+
+    #[test]
+    fn tracing_is_off_unless_an_endpoint_is_set() {
+        assert!(Settings::try_parse_from(["sluice-dp"]).unwrap().tracing("n").is_none());
+        assert!(Settings::try_parse_from(["sluice-dp", "--otlp-endpoint", " "]).unwrap().tracing("n").is_none());
+        let s = Settings::try_parse_from([
+            "sluice-dp",
+            "--otlp-endpoint",
+            "http://collector:4317",
+            "--trace-sampling-ratio",
+            "0.25",
+            "--service-name",
+            "edge",
+        ])
+        .unwrap();
+        let tracing = s.tracing("n1").unwrap();
+        assert_eq!(
+            (
+                tracing.endpoint.as_str(),
+                tracing.sampling_ratio,
+                tracing.service_name.as_str(),
+                tracing.node_id.as_str()
+            ),
+            ("http://collector:4317", 0.25, "edge", "n1")
+        );
+        assert_eq!(Settings::try_parse_from(["sluice-dp"]).unwrap().trace_sampling_ratio, 1.0);
+        for bad in ["1.5", "-0.1", "x", "NaN"] {
+            assert!(Settings::try_parse_from(["sluice-dp", "--trace-sampling-ratio", bad]).is_err(), "{bad}");
+        }
     }
 
     #[test]

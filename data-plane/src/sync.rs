@@ -32,7 +32,7 @@ use crate::base::error_chain;
 use crate::routing::{ApplyOutcome, CompileError, TableStore};
 use crate::snapshot_cache::{self, CacheKey};
 
-pub use transport::{SyncTls, TransportError};
+pub use transport::{Connector, SyncTls, TransportError};
 
 /// Gauge: 1 while the sync stream is open, 0 otherwise.
 pub const METRIC_SYNC_CONNECTED: &str = "sluice_sync_connected";

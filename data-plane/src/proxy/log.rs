@@ -18,6 +18,7 @@ use serde::Serialize;
 use super::idle::ActiveRequest;
 use crate::base::{BodyStatus, ProxyBody, RequestId, UNROUTED};
 use crate::routing::{CompiledApi, RoutingTable};
+use crate::trace::{ActiveSpan, SpanEnd};
 use crate::upstream::{InFlight, Target};
 
 /// What is known about a request by the time its response starts. Built on
@@ -61,6 +62,8 @@ pub struct Exchange {
     pub in_flight: Option<InFlight>,
     /// The table the request started on, kept until its body ends.
     pub table: Option<Arc<RoutingTable>>,
+    /// The request's span when it is traced and sampled (see `trace`).
+    pub trace: Option<Box<ActiveSpan>>,
 }
 
 /// One access log line; docs/operations.md describes every field, in this order.
@@ -100,8 +103,11 @@ impl LoggedBody {
     }
 
     fn finish(&mut self) {
-        if let Some(exchange) = self.exchange.take() {
+        if let Some(mut exchange) = self.exchange.take() {
             report(&exchange, self.bytes);
+            if let Some(span) = exchange.trace.take() {
+                end_span(span, exchange);
+            }
         }
     }
 }
@@ -179,6 +185,28 @@ pub(super) fn user_agent(value: &http::HeaderValue) -> Box<str> {
         end -= 1;
     }
     text[..end].into()
+}
+
+/// Hands the span what it reports, moved out of the exchange: the rest of
+/// the exchange (the in-flight counts, the table) is released here as usual.
+fn end_span(span: Box<ActiveSpan>, exchange: Exchange) {
+    span.end(SpanEnd {
+        elapsed: exchange.started.elapsed(),
+        method: exchange.method,
+        scheme: if exchange.tls.is_some() { "https" } else { "http" },
+        path: exchange.path,
+        version: exchange.version,
+        client: exchange.client,
+        host: exchange.host,
+        user_agent: exchange.user_agent,
+        request_id: exchange.request_id,
+        api: exchange.api,
+        consumer: exchange.consumer,
+        status: exchange.status,
+        target: exchange.upstream_target,
+        upstream_status: exchange.upstream_status,
+        grpc_status: exchange.grpc_status,
+    });
 }
 
 fn report(exchange: &Exchange, bytes: u64) {

@@ -25,3 +25,4 @@ mod rate_limit;
 mod sync;
 mod test_upstream;
 mod tls;
+mod trace;
