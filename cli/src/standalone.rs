@@ -49,6 +49,9 @@ pub struct StandaloneArgs {
     /// Turn the per-request JSON access log on stdout off.
     #[arg(long)]
     no_access_log: bool,
+    /// The data plane's tracing flags, defined once in its settings.
+    #[command(flatten)]
+    trace: sluice_data_plane::settings::TraceFlags,
 }
 
 pub async fn run(args: StandaloneArgs) -> anyhow::Result<()> {
@@ -87,6 +90,7 @@ pub async fn run(args: StandaloneArgs) -> anyhow::Result<()> {
     dp_settings.ops_addr = args.ops_addr;
     dp_settings.node_id = Some("standalone".into());
     dp_settings.heartbeat_ms = 1_000;
+    dp_settings.trace = args.trace;
     if args.no_access_log {
         dp_settings.access_log = sluice_data_plane::settings::Switch::Off;
     }

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::{Args, Parser, ValueEnum};
 use http::HeaderName;
 
 use crate::policy::auth_failures::{DEFAULT_AUTH_FAILURE_LIMIT, DEFAULT_AUTH_FAILURE_WINDOW};
@@ -27,6 +27,33 @@ pub enum Switch {
 impl Switch {
     pub fn is_on(self) -> bool {
         self == Switch::On
+    }
+}
+
+// Tracing's flags, one definition for `sluice-dp` and `sluice standalone`
+// (which flattens it into its own arguments), so the two cannot drift. Not a
+// doc comment: clap would take it as the help text of the command it joins.
+#[derive(Debug, Clone, PartialEq, Args)]
+pub struct TraceFlags {
+    /// OTLP/gRPC endpoint of a trace collector (`http://collector:4317`, or
+    /// `https://` verified against the system's CAs). Unset (the default):
+    /// no tracing, and `traceparent`/`tracestate` pass as any other header.
+    #[arg(long, env = "SLUICE_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+
+    /// Share of new traces sampled, 0 to 1. A client's `traceparent` decides
+    /// for the traces it started (its sampled flag).
+    #[arg(long, env = "SLUICE_TRACE_SAMPLING_RATIO", default_value_t = 1.0, value_parser = parse_ratio)]
+    pub trace_sampling_ratio: f64,
+
+    /// `service.name` of the exported spans.
+    #[arg(long, env = "SLUICE_SERVICE_NAME", default_value = DEFAULT_SERVICE_NAME)]
+    pub service_name: String,
+}
+
+impl Default for TraceFlags {
+    fn default() -> Self {
+        Self { otlp_endpoint: None, trace_sampling_ratio: 1.0, service_name: DEFAULT_SERVICE_NAME.into() }
     }
 }
 
@@ -164,20 +191,8 @@ pub struct Settings {
     #[arg(long, env = "SLUICE_WORKER_THREADS", default_value_t = 0)]
     pub worker_threads: usize,
 
-    /// OTLP/gRPC endpoint of a trace collector (`http://collector:4317`, or
-    /// `https://` verified against the system's CAs). Unset (the default):
-    /// no tracing, and `traceparent`/`tracestate` pass as any other header.
-    #[arg(long, env = "SLUICE_OTLP_ENDPOINT")]
-    pub otlp_endpoint: Option<String>,
-
-    /// Share of new traces sampled, 0 to 1. A client's `traceparent` decides
-    /// for the traces it started (its sampled flag).
-    #[arg(long, env = "SLUICE_TRACE_SAMPLING_RATIO", default_value_t = 1.0, value_parser = parse_ratio)]
-    pub trace_sampling_ratio: f64,
-
-    /// `service.name` of the exported spans.
-    #[arg(long, env = "SLUICE_SERVICE_NAME", default_value = DEFAULT_SERVICE_NAME)]
-    pub service_name: String,
+    #[command(flatten)]
+    pub trace: TraceFlags,
 
     /// Do not start: ask the `/readyz` of the data plane already running with
     /// these settings (its `--ops-addr`) and exit 0 if it is ready, 1 if not.
@@ -215,9 +230,7 @@ impl Settings {
             underscores_in_headers: Switch::Off,
             client_body_timeout_secs: DEFAULT_CLIENT_BODY_TIMEOUT.as_secs(),
             worker_threads: 0,
-            otlp_endpoint: None,
-            trace_sampling_ratio: 1.0,
-            service_name: DEFAULT_SERVICE_NAME.into(),
+            trace: TraceFlags::default(),
             check_ready: false,
         }
     }
@@ -274,11 +287,12 @@ impl Settings {
 
     /// Tracing's settings, `None` without `--otlp-endpoint` (tracing off).
     pub fn tracing(&self, node_id: &str) -> Option<TraceSettings> {
-        let endpoint = self.otlp_endpoint.as_deref().map(str::trim).filter(|url| !url.is_empty())?;
+        let flags = &self.trace;
+        let endpoint = flags.otlp_endpoint.as_deref().map(str::trim).filter(|url| !url.is_empty())?;
         Some(TraceSettings {
             endpoint: endpoint.to_owned(),
-            sampling_ratio: self.trace_sampling_ratio,
-            service_name: self.service_name.clone(),
+            sampling_ratio: flags.trace_sampling_ratio,
+            service_name: flags.service_name.clone(),
             node_id: node_id.to_owned(),
         })
     }
@@ -435,7 +449,7 @@ mod tests {
             ),
             ("http://collector:4317", 0.25, "edge", "n1")
         );
-        assert_eq!(Settings::try_parse_from(["sluice-dp"]).unwrap().trace_sampling_ratio, 1.0);
+        assert_eq!(Settings::try_parse_from(["sluice-dp"]).unwrap().trace, TraceFlags::default());
         for bad in ["1.5", "-0.1", "x", "NaN"] {
             assert!(Settings::try_parse_from(["sluice-dp", "--trace-sampling-ratio", bad]).is_err(), "{bad}");
         }

@@ -3,11 +3,12 @@
 //! test ends (also when the test fails); wait for a condition; the
 //! repository's examples; the shared
 //! services (`services`) and a fresh PostgreSQL database per test
-//! (`postgres`); simulated data planes (`sim_node`) for fleet tests and
+//! (`postgres`); an OTLP trace collector (`otlp`); simulated data planes (`sim_node`) for fleet tests and
 //! the fleet benchmark; a raw HTTP/1.1 upstream that records what reached
 //! it (`raw_upstream`) for the gateway's conformance tests; and a WebDriver
 //! client for the browser tests (`webdriver`).
 
+pub mod otlp;
 pub mod postgres;
 pub mod raw_upstream;
 pub mod services;

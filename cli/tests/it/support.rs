@@ -103,11 +103,17 @@ pub async fn control_plane_with(dir: &std::path::Path, extra: &[&str]) -> Result
 
 /// `sluice standalone` on ephemeral ports, keeping its state in `dir`.
 pub async fn standalone(dir: &std::path::Path) -> Result<Process> {
+    standalone_with(dir, &[]).await
+}
+
+/// `sluice standalone` as [`standalone`], with extra flags appended.
+pub async fn standalone_with(dir: &std::path::Path, extra: &[&str]) -> Result<Process> {
     let db = format!("sqlite://{}", dir.join("sluice.db").display());
     let key = dir.join("secret.key").display().to_string();
     let mut args = vec!["standalone", "--database-url", &db, "--admin-addr", "127.0.0.1:0"];
     args.extend(EPHEMERAL_DATA_PLANE_LISTENERS);
     args.extend(["--token", ADMIN_TOKEN, "--secret-key-file", &key, "--no-access-log"]);
+    args.extend_from_slice(extra);
     spawn("sluice", &args).await
 }
 

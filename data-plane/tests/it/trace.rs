@@ -1,105 +1,18 @@
 //! Distributed tracing with a real `sluice-dp`, `sluice-test-upstream` (which
-//! echoes the headers it received) and an OTLP collector in the test: a
-//! tonic server for the collector's `TraceService` that keeps every span.
+//! echoes the headers it received) and the testkit's OTLP collector in the
+//! test, which keeps every span.
 
-use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
-use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
-use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
-use opentelemetry_proto::tonic::trace::v1::{Span, span, status};
+use opentelemetry_proto::tonic::trace::v1::{span, status};
 use serde_json::Value;
 use sluice_proto::v1;
 use sluice_proto::v1::policy::Kind;
-use tokio_stream::wrappers::TcpListenerStream;
+use sluice_testkit::otlp::Collector;
 
 use crate::policies::{HMAC_KEY, hmac_hex};
 use crate::support::{DataPlane, Upstream, client, eventually, send, unused_addr};
-
-/// A span as the collector received it, with its resource's attributes.
-#[derive(Debug, Clone)]
-struct Received {
-    span: Span,
-    resource: HashMap<String, String>,
-}
-
-impl Received {
-    fn attribute(&self, key: &str) -> Option<String> {
-        attribute(&self.span.attributes, key)
-    }
-}
-
-fn attribute(attributes: &[KeyValue], key: &str) -> Option<String> {
-    let value = attributes.iter().find(|kv| kv.key == key)?.value.as_ref()?.value.as_ref()?;
-    Some(match value {
-        any_value::Value::StringValue(text) => text.clone(),
-        any_value::Value::IntValue(n) => n.to_string(),
-        other => format!("{other:?}"),
-    })
-}
-
-#[derive(Clone, Default)]
-struct Collector {
-    spans: Arc<Mutex<Vec<Received>>>,
-}
-
-#[tonic::async_trait]
-impl TraceService for Collector {
-    async fn export(
-        &self,
-        request: tonic::Request<ExportTraceServiceRequest>,
-    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        let mut kept = self.spans.lock().map_err(|_| tonic::Status::internal("poisoned"))?;
-        for resource_spans in request.into_inner().resource_spans {
-            let resource: HashMap<String, String> = resource_spans
-                .resource
-                .iter()
-                .flat_map(|r| &r.attributes)
-                .filter_map(|kv| Some((kv.key.clone(), attribute(std::slice::from_ref(kv), &kv.key)?)))
-                .collect();
-            for scope in resource_spans.scope_spans {
-                for span in scope.spans {
-                    kept.push(Received { span, resource: resource.clone() });
-                }
-            }
-        }
-        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
-    }
-}
-
-impl Collector {
-    async fn start() -> Result<(Collector, SocketAddr)> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let collector = Collector::default();
-        let service = TraceServiceServer::new(collector.clone());
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(service)
-                .serve_with_incoming(TcpListenerStream::new(listener)),
-        );
-        Ok((collector, addr))
-    }
-
-    /// The span of the request whose ID is `request_id`, once it has arrived.
-    async fn span(&self, request_id: &str) -> Result<Received> {
-        let find = || {
-            let spans = self.spans.lock().ok()?;
-            spans.iter().find(|s| s.attribute("sluice.request_id").as_deref() == Some(request_id)).cloned()
-        };
-        let arrived = || async { find().is_some() };
-        eventually(request_id, Duration::from_millis(50), arrived).await.context("the span never arrived")?;
-        find().context("gone")
-    }
-
-    fn count(&self) -> usize {
-        self.spans.lock().map_or(0, |spans| spans.len())
-    }
-}
 
 const CLIENT_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CLIENT_SPAN: &str = "00f067aa0ba902b7";
@@ -240,7 +153,7 @@ async fn spans_continue_the_clients_trace_parent_the_upstream_and_reach_the_coll
     let (status, _, _) = send(c.get(dp.url("/nowhere")).header("x-request-id", "traced-after")).await?;
     assert_eq!(status, 404);
     collector.span("traced-after").await?;
-    let spans = collector.spans.lock().map(|s| s.clone()).unwrap_or_default();
+    let spans = collector.spans();
     assert!(spans.iter().all(|s| s.attribute("sluice.request_id").as_deref() != Some("untraced")));
     assert_eq!(collector.count(), 7, "one span per sampled request");
     assert_eq!(dp.metric("sluice_trace_spans_exported_total").await?, Some(7.0));
