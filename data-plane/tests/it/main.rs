@@ -3,6 +3,7 @@
 //! `App`), and real `sluice-dp` and `sluice-test-upstream` processes where the
 //! binary itself is under test. One binary keeps link time down.
 
+mod certs;
 mod fake_cp;
 mod gateway;
 mod raw_http;

@@ -15,12 +15,8 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
-    KeyUsagePurpose,
-};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rcgen::ExtendedKeyUsagePurpose;
+use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, ProtocolVersion, RootCertStore, ServerConfig, SupportedProtocolVersion};
 use serde_json::{Value, json};
@@ -30,75 +26,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
+use crate::certs::{Ca, Leaf, provider};
 use crate::fake_cp::{FakeControlPlane, seal};
 use crate::gateway::Gateway;
 use crate::support::{DataPlane, client};
-
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
-}
-
-/// A certificate authority made for one test.
-struct Ca {
-    issuer: CertifiedIssuer<'static, KeyPair>,
-}
-
-/// A certificate issued by a [`Ca`], in the forms the tests need.
-struct Leaf {
-    chain_pem: String,
-    key_pem: String,
-    der: CertificateDer<'static>,
-}
-
-impl Ca {
-    fn new(name: &str) -> Result<Self> {
-        let mut params = CertificateParams::new(Vec::<String>::new())?;
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        Ok(Ca { issuer: CertifiedIssuer::self_signed(params, KeyPair::generate()?)? })
-    }
-
-    fn pem(&self) -> String {
-        self.issuer.pem()
-    }
-
-    fn roots(&self) -> Result<RootCertStore> {
-        let mut roots = RootCertStore::empty();
-        roots.add(self.issuer.der().clone())?;
-        Ok(roots)
-    }
-
-    fn leaf(&self, names: &[&str], usage: ExtendedKeyUsagePurpose) -> Result<Leaf> {
-        let mut params = CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())?;
-        params.distinguished_name.push(DnType::CommonName, names.first().copied().unwrap_or("leaf"));
-        params.extended_key_usages = vec![usage];
-        let key = KeyPair::generate()?;
-        let cert = params.signed_by(&key, &*self.issuer)?;
-        Ok(Leaf { chain_pem: cert.pem(), key_pem: key.serialize_pem(), der: cert.der().clone() })
-    }
-
-    fn server_leaf(&self, names: &[&str]) -> Result<Leaf> {
-        self.leaf(names, ExtendedKeyUsagePurpose::ServerAuth)
-    }
-}
-
-impl Leaf {
-    fn certificate(&self, name: &str, snis: &[&str], default: bool) -> v1::Certificate {
-        v1::Certificate {
-            name: name.into(),
-            chain_pem: self.chain_pem.clone(),
-            private_key_pem: self.key_pem.clone(),
-            snis: snis.iter().map(|s| s.to_string()).collect(),
-            default,
-            not_after: 0,
-        }
-    }
-
-    fn key(&self) -> Result<PrivateKeyDer<'static>> {
-        Ok(PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes())?)
-    }
-}
 
 /// Answers every request with JSON describing what arrived, so tests can see
 /// the forwarded scheme, the HTTP version on the last hop, and whether the
