@@ -110,6 +110,19 @@ def per_request_us(seconds: float, requests: int) -> float | None:
     return seconds / requests * 1e6 if requests else None
 
 
+def per_cpu_second(run: dict) -> float | None:
+    """Requests served per second of the gateway's CPU time (utime+stime) in one run: with the gateway
+    alone on its core (`--pin`), what a core of it serves, however much load the client side offered."""
+    cpu = run.get("gateway_cpu_s")
+    return run["requests"] / cpu if cpu else None
+
+
+def core_busy(run: dict) -> float | None:
+    """The gateway's CPU time over the run's wall time: 1.0 is one core kept busy the whole run."""
+    cpu, wall = run.get("gateway_cpu_s"), run.get("wall_s")
+    return cpu / wall if cpu is not None and wall else None
+
+
 def _run_wrk(argv: list[str], env: dict, duration: float, watch: Proc | None) -> subprocess.CompletedProcess:
     """Runs wrk. With `watch` (a request-count-bounded run), wrk's threads stop by themselves but its main
     thread sleeps out -d; once the gateway has gone idle (no CPU used for a second) wrk gets SIGINT, on
@@ -173,6 +186,8 @@ def summarize(runs: list[dict], rss_idle_kb: int) -> dict:
         "errors": sum(r["errors"] for r in runs),
         "requests": sum(r["requests"] for r in runs),
         "cpu_us_per_req": spread([r["cpu_us_per_req"] for r in runs]),
+        "req_per_cpu_s": spread([per_cpu_second(r) for r in runs]),
+        "core_busy": spread([core_busy(r) for r in runs]),
         "user_us_per_req": spread([r.get("user_us_per_req") for r in runs]),
         "kernel_us_per_req": spread([r.get("kernel_us_per_req") for r in runs]),
         "rss_idle_kb": rss_idle_kb,

@@ -1,60 +1,19 @@
-"""RESULTS.md and the SVG chart, from one run's results dict (plain text, no dependencies)."""
+"""RESULTS.md and the SVG chart, from the saved runs: the pinned run (bench/run --pin, the primary comparison),
+the unpinned run (bench/run) and the callgrind figures (bench/profile --gateways). Plain text, no dependencies."""
 
 from __future__ import annotations
 
 from html import escape
+from pathlib import Path
+
+from . import percore
+from .fmt import mb, med, num, ratio, rx, sentence, spread, verdict
+from .percore import vs
+from .saved import KINDS, Sources
 
 COLORS = {"sluice": "#1f77b4", "sluice-proxy": "#7fb3e0", "nginx": "#2ca02c", "nginx-proxy": "#98df8a",
           "haproxy": "#ff7f0e"}
 CHART_SCENARIOS = ["proxy", "secured", "openapi", "round-robin"]
-
-
-# --- formatting ---------------------------------------------------------------
-
-def num(v, digits=0) -> str:
-    if v is None:
-        return "-"
-    return f"{v:,.{digits}f}"
-
-
-def spread(s: dict, digits=0, scale=1.0) -> str:
-    if not s or s.get("median") is None:
-        return "-"
-    m, lo, hi = (s[k] * scale for k in ("median", "min", "max"))
-    if lo == hi:
-        return num(m, digits)
-    return f"{num(m, digits)} ({num(lo, digits)}–{num(hi, digits)})"
-
-
-def mb(kb) -> str:
-    return "-" if kb is None else f"{kb / 1024:.1f} MB"
-
-
-def ratio(a, b) -> float | None:
-    if a is None or b is None or b == 0:
-        return None
-    return a / b
-
-
-def rx(v) -> str:
-    return "-" if v is None else f"{v:.2f}x"
-
-
-def verdict(value, target, higher_is_better=True, unit="x") -> str:
-    """'met' or 'missed by N%' against a target."""
-    if value is None:
-        return "not measured"
-    fmt = (lambda v: f"{v:.2f}x") if unit == "x" else (lambda v: f"{v:,.1f} {unit}")
-    ok = value >= target if higher_is_better else value <= target
-    if ok:
-        return f"**met** ({fmt(value)} against {fmt(target)})"
-    gap = (target - value) / target * 100 if higher_is_better else (value - target) / target * 100
-    return f"**missed** ({fmt(value)} against {fmt(target)}: {gap:.0f}% short)" if higher_is_better else \
-        f"**missed** ({fmt(value)} against at most {fmt(target)}: {gap:.0f}% over)"
-
-
-def med(g: dict, key: str):
-    return (g.get(key) or {}).get("median")
 
 
 def gateway_table(gateways: dict, ref: str | None) -> list[str]:
@@ -82,11 +41,6 @@ def cpu_split(gateways: dict) -> list[str]:
 
 
 # --- targets -----------------------------------------------------------------
-
-def vs(g: dict, key: str, ref: str) -> float | None:
-    """Sluice's median `key` as a multiple of gateway `ref`'s."""
-    return ratio(med(g["sluice"], key), med(g[ref], key))
-
 
 def mb_of(kb) -> float | None:
     return None if kb is None else kb / 1024
@@ -311,7 +265,11 @@ SECTIONS = {"proxy": section_proxy, "secured": section_secured, "openapi": secti
 # --- chart --------------------------------------------------------------------
 
 def chart(results: dict) -> str:
-    """Two panels of grouped bars (req/s and p99 ms), one group per scenario, one bar per gateway."""
+    """Two panels of grouped bars, one group per scenario, one bar per gateway: for a pinned run requests per
+    gateway CPU-second (its headline), else req/s; and p99 ms."""
+    pinned = results["meta"]["pin"]
+    panels = ((("req_per_cpu_s", "requests per gateway CPU-second (higher is better)") if pinned else
+               ("rps", "requests/s (higher is better)")), ("p99_ms", "p99 latency, ms (lower is better)"))
     groups = [(name, results["scenarios"][name]["gateways"]) for name in CHART_SCENARIOS
               if name in results["scenarios"] and "error" not in results["scenarios"][name]]
     width, panel_h, top, left = 900, 260, 60, 70
@@ -320,15 +278,14 @@ def chart(results: dict) -> str:
            f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
            f'<rect width="{width}" height="{height}" fill="white"/>',
            f'<text x="{width / 2}" y="24" text-anchor="middle" font-size="16">Sluice vs peers, '
-           f'{escape(results["meta"]["date"])} (median of {results["meta"]["rounds"]} runs; pinned: '
-           f'{"yes" if results["meta"]["pin"] else "no"})</text>']
+           f'{escape(results["meta"]["date"])} (median of {results["meta"]["rounds"]} runs; '
+           f'{"gateway pinned to one core" if pinned else "not pinned"})</text>']
     labels = sorted({l for _, g in groups for l in g}, key=lambda l: list(COLORS).index(l) if l in COLORS else 99)
     for i, label in enumerate(labels):
         x = left + i * 130
         out.append(f'<rect x="{x}" y="36" width="12" height="12" fill="{COLORS.get(label, "#888")}"/>'
                    f'<text x="{x + 16}" y="46">{escape(label)}</text>')
-    for p, (metric, title) in enumerate((("rps", "requests/s (higher is better)"),
-                                         ("p99_ms", "p99 latency, ms (lower is better)"))):
+    for p, (metric, title) in enumerate(panels):
         y0 = top + p * (panel_h + 70) + 20
         values = [med(g, metric) or 0 for _, gs in groups for g in gs.values()]
         vmax = max(values or [1]) * 1.1 or 1
@@ -338,7 +295,7 @@ def chart(results: dict) -> str:
             y = y0 + panel_h - panel_h * k / 4
             out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{width - 20}" y2="{y:.1f}" stroke="#ddd"/>'
                        f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">'
-                       f'{v:,.0f}</text>' if metric == "rps" else
+                       f'{v:,.0f}</text>' if metric != "p99_ms" else
                        f'<line x1="{left}" y1="{y:.1f}" x2="{width - 20}" y2="{y:.1f}" stroke="#ddd"/>'
                        f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{v:.1f}</text>')
         gw = (width - 20 - left) / max(1, len(groups))
@@ -348,7 +305,7 @@ def chart(results: dict) -> str:
             for label, g in gs.items():
                 v = med(g, metric) or 0
                 h = panel_h * v / vmax
-                text = f"{v:,.0f}" if metric == "rps" else f"{v:.2f}"
+                text = f"{v:,.0f}" if metric != "p99_ms" else f"{v:.2f}"
                 out.append(f'<rect x="{x:.1f}" y="{y0 + panel_h - h:.1f}" width="{bw - 2:.1f}" height="{h:.1f}" '
                            f'fill="{COLORS.get(label, "#888")}"><title>{escape(name)} {escape(label)}: {text}'
                            f'</title></rect>'
@@ -364,53 +321,183 @@ def chart(results: dict) -> str:
 
 # --- the document ---------------------------------------------------------------
 
-def markdown(results: dict, chart_name: str | None) -> str:
+def write(bench: Path, src: Sources) -> None:
+    """RESULTS.md and results.svg (the pinned run's chart, or the unpinned one's while there is no pinned run)."""
+    drawn = src.pinned or src.unpinned
+    if drawn is not None:
+        (bench / "results.svg").write_text(chart(drawn))
+    (bench / "RESULTS.md").write_text(markdown(src, "results.svg" if drawn is not None else None))
+
+
+def markdown(src: Sources, chart_name: str | None) -> str:
+    lines = ["# Sluice benchmark results", "", *made_from(src), "", "## Machine and method", "", *method(src), ""]
+    if chart_name:
+        drawn = "requests per gateway CPU-second and p99, pinned run" if src.pinned else "req/s and p99, unpinned run"
+        lines += [f"![{drawn}, per scenario and gateway]({chart_name})", ""]
+    lines += ["## Targets at a glance", "", *targets_summary(src), ""]
+    lines += pinned_part(src) + instructions_part(src) + unpinned_part(src) + notes()
+    return "\n".join(lines) + "\n"
+
+
+def run_line(kind: str, results: dict) -> str:
     m = results["meta"]
-    lines = [
-        "# Sluice benchmark results",
-        "",
-        f"Generated by `bench/run{' --pin' if m['pin'] else ''}` on {m['date']} — do not edit by hand; "
-        "run `bench/run` to regenerate it (`bench/run --help` for options). Raw figures: "
-        "`bench/results/latest.json`.",
-        "",
-        "## Machine and method",
-        "",
-        f"* Machine: {m['cores']} cores ({m['cpu_model']}), {m['memory']}; Linux {m['kernel']}.",
-        f"* Load average (1/5/15 min) at start: {' / '.join(m['loadavg_start'])}; at end: "
-        f"{' / '.join(m.get('loadavg_end', ['-']))}. Per scenario at its start: "
-        + "; ".join(f"{n} {' / '.join(s.get('uptime_before', ['-']))}" for n, s in results["scenarios"].items())
-        + ". Other work (builds, tests) may have shared the machine: the gateways of a scenario ran in turn "
-        "(A B A B ...) so such noise hits each alike; trust ratios more than absolute figures.",
-        f"* Versions: {m['rustc']}; nginx {m['nginx']}; HAProxy {m['haproxy']}; {m['wrk']}; Sluice at git "
-        f"{m['commit']} (release binaries built {m.get('binaries_built', '?')}).",
-        f"* CPU placement: {m['placement']}",
-        f"* Each comparison: a {m['warmup']:.0f} s warm-up per gateway, then {m['rounds']} rounds of "
-        f"{m['duration']:.0f} s, the gateways alternating run by run; figures are the median over the rounds "
-        "with min–max in brackets. Latency percentiles are wrk's (`--latency`; p99.9 from a `done()` Lua hook). "
-        "Errors are wrk's socket errors plus responses with status ≥ 400. CPU per request is utime+stime of the "
-        "gateway's processes (from /proc/PID/stat; Sluice: the data plane, nginx: master + workers, HAProxy: its "
-        "process) over the run, divided by the requests wrk completed. RSS is the sum of VmRSS of those "
-        "processes, idle (before any load) and peak under load (sampled every 0.5 s).",
+    quick = " — a `--quick` smoke run, rough figures" if m.get("quick") else ""
+    return (f"`{KINDS[kind][1]}` on {m['date']}, Sluice at git {m['commit']} (release binaries built "
+            f"{m.get('binaries_built', '?')}){quick}")
+
+
+def made_from(src: Sources) -> list[str]:
+    said = {
+        "pinned": ("Pinned run, the primary comparison", lambda d: run_line("pinned", d)),
+        "unpinned": ("Unpinned run", lambda d: run_line("unpinned", d)),
+        "instructions": ("Instructions per request", lambda d: f"`{KINDS['instructions'][1]}` on {d['date']}"),
+    }
+    lines = ["Generated from the saved figures below — do not edit by hand.", ""]
+    for kind, (title, detail) in said.items():
+        data, why_not = getattr(src, kind), src.missing(kind)
+        if data is not None:
+            where = f": `{src.files[kind]}`" if src.files.get(kind) else ""
+            lines.append(f"* {title}{where}, {detail(data)}.")
+        elif why_not:
+            lines.append(f"* {title}: **none** — {why_not}.")
+    if any(src.files.values()):
+        lines += ["", "A full `bench/run --pin` or `bench/run` (every scenario of its kind, no `--quick`) rewrites "
+                  "its own file and then this page from all three; `bench/profile --gateways` rewrites the "
+                  "instruction figures and this page; `bench/run --report-from` only re-renders this page from the "
+                  "saved files (`bench/run --help`)."]
+    return lines
+
+
+def method(src: Sources) -> list[str]:
+    runs = [(kind, r) for kind, r in (("pinned", src.pinned), ("unpinned", src.unpinned)) if r is not None]
+    if not runs:
+        return ["No run of `bench/run` is saved yet."]
+    m = runs[0][1]["meta"]
+    lines = [f"* Machine: {m['cores']} cores ({m['cpu_model']}), {m['memory']}; Linux {m['kernel']}. Versions: "
+             f"{m['rustc']}; nginx {m['nginx']}; HAProxy {m['haproxy']}; {m['wrk']}."]
+    for kind, r in runs:
+        m = r["meta"]
+        lines.append(
+            f"* {kind.capitalize()} run: {sentence(m['placement'])} A {m['warmup']:.0f} s warm-up per gateway, then "
+            f"{m['rounds']} rounds of {m['duration']:.0f} s. Load average (1/5/15 min) at start: "
+            f"{' / '.join(m['loadavg_start'])}; at end: {' / '.join(m.get('loadavg_end', ['-']))}. Per scenario "
+            "at its start: " + "; ".join(f"{n} {' / '.join(s.get('uptime_before', ['-']))}"
+                                         for n, s in r["scenarios"].items()) + ".")
+    return lines + [
+        "* Other work (builds, tests) may have shared the machine: the gateways of a scenario ran in turn "
+        "(A B A B ...) so such noise hits each alike; trust ratios more than absolute figures. Figures are the "
+        "median over the rounds with min–max in brackets. Latency percentiles are wrk's (`--latency`; p99.9 "
+        "from a `done()` Lua hook). Errors are wrk's socket errors plus responses with status ≥ 400. CPU per "
+        "request is utime+stime of the gateway's processes (from /proc/PID/stat; Sluice: the data plane, nginx: "
+        "master + workers, HAProxy: its process) over the run, divided by the requests wrk completed; requests "
+        "per gateway CPU-second is its inverse, taken run by run. RSS is the sum of VmRSS of those processes, "
+        "idle (before any load) and peak under load (sampled every 0.5 s).",
         "* Every gateway logs nothing per request (Sluice `--access-log off`, nginx `access_log off`, HAProxy "
         "without `log`), keeps connections to the upstream alive, and runs as many workers/threads as it has "
-        "cores. Upstreams are `sluice-test-upstream` (an echo server, hyper). All traffic is on 127.0.0.1.",
-        "",
+        "cores (one when pinned). Upstreams are `sluice-test-upstream` (an echo server, hyper). All traffic is "
+        "on 127.0.0.1.",
     ]
-    if chart_name:
-        lines += [f"![req/s and p99 per scenario and gateway]({chart_name})", ""]
-    lines += ["## Targets at a glance", "", *targets_summary(results), ""]
-    if results.get("instructions"):
-        lines += section_instructions(results["instructions"])
-    for name, s in results["scenarios"].items():
+
+
+def targets_summary(src: Sources) -> list[str]:
+    """Every target in one table: issue 26's on the pinned run and on the callgrind figures first, then issue
+    5's (and 24's) on the unpinned run. A run that is missing gets a row saying so."""
+    rows = ["| run | scenario | target | measured | verdict |", "|---|---|---|---|---|"]
+
+    def row(run: str, name: str, what: str, value, goal, higher: bool, unit: str, judged: str = "") -> None:
+        shown = "-" if value is None else (f"{value:.2f}x" if unit == "x" else f"{value:,.1f} {unit}")
+        judged = judged or verdict(value, goal, higher, unit)
+        rows.append(f"| {run} | {name} | {what} | {shown} | {judged.split(' (')[0]} |")
+
+    def failed(run: str, name: str, s: dict) -> bool:
         if "error" in s:
-            lines += [f"## {name}", "", f"Failed: `{s['error']}`", ""]
-        elif name in SECTIONS:
-            try:
-                lines += SECTIONS[name](s)
-            except Exception as e:  # noqa: BLE001 - a report problem must not lose the other sections
-                lines += [f"## {name}", "", f"(could not render: {e!r}; see latest.json)", ""]
-    lines += notes()
-    return "\n".join(lines) + "\n"
+            rows.append(f"| {run} | {name} | every target | - | **not measured**: the scenario failed |")
+        return "error" in s
+
+    def absent(kind: str, run: str, what: str) -> None:
+        why_not = src.missing(kind)
+        if why_not:
+            rows.append(f"| {run} | - | {what} | - | **not measured**: {why_not} |")
+
+    absent("pinned", "pinned", "issue 26's per-core targets")
+    if src.pinned is not None:
+        sc = src.pinned["scenarios"]
+        for name, targets in percore.PINNED_TARGETS.items():
+            if name in sc and not failed("pinned", name, sc[name]):
+                for what, value, goal, higher in targets(sc[name]["gateways"]):
+                    row("pinned", name, what, value, goal, higher, "x")
+    absent("instructions", "callgrind", "issue 26's instruction targets")
+    if src.instructions is not None:
+        figures = src.instructions
+        for case, what, value, goal in percore.instruction_targets(figures):
+            judged = percore.instruction_verdict(figures, case, value, goal)
+            row("callgrind", case, what, value, goal, False, "x", judged)
+    absent("unpinned", "unpinned", "issue 5's and 24's targets")
+    if src.unpinned is not None:
+        sc = src.unpinned["scenarios"]
+        for name, targets in TARGETS.items():
+            if name in sc and not failed("unpinned", name, sc[name]):
+                for what, value, goal, higher, unit in targets(sc[name]):
+                    row("unpinned", name, what, value, goal, higher, unit)
+        if "soak" in sc and not failed("unpinned", "soak", sc["soak"]):
+            r, total = sc["soak"]["result"], sc["soak"]["target_requests"]
+            rows.append(f"| unpinned | soak | 0 errors in {total:,} | {r['errors']:,} errors in {r['requests']:,} | "
+                        f"{soak_verdict(r, total).split(' (')[0]} |")
+    return rows
+
+
+def demote(lines: list[str]) -> list[str]:
+    """A scenario's section one heading level down, to sit under its run's heading."""
+    return ["#" + line if line.startswith("## ") else line for line in lines]
+
+
+def scenario_section(name: str, s: dict, source: str) -> list[str]:
+    if "error" in s:
+        return [f"### {name}", "", f"Failed: `{s['error']}`", ""]
+    if name not in SECTIONS:
+        return []
+    try:
+        return demote(SECTIONS[name](s))
+    except Exception as e:  # noqa: BLE001 - a report problem must not lose the other sections
+        return [f"### {name}", "", f"(could not render: {e!r}; see {source})", ""]
+
+
+def pinned_part(src: Sources) -> list[str]:
+    why_not = src.missing("pinned")
+    if src.pinned is None:
+        return [percore.HEADING, "", f"No pinned run: {why_not}.", ""] if why_not else []
+    lines = percore.intro(src.pinned)
+    for name, s in src.pinned["scenarios"].items():
+        if name in percore.REFERENCE and "error" not in s:
+            lines += percore.scenario(name, s)
+        else:  # not a comparison per core (e.g. `--pin --scenario memory`): shown as in the unpinned run
+            lines += scenario_section(name, s, src.files.get("pinned") or "the run's JSON")
+    return lines
+
+
+def unpinned_part(src: Sources) -> list[str]:
+    heading = "## Unpinned: every process on both cores"
+    why_not = src.missing("unpinned")
+    if src.unpinned is None:
+        return [heading, "", f"No unpinned run: {why_not}.", ""] if why_not else []
+    m = src.unpinned["meta"]
+    lines = [heading, "",
+             f"`bench/run` on {m['date']}. {sentence(m['placement'])} Every process competes for both cores, so "
+             "a gateway's req/s here also depends on how the scheduler shares them with wrk and the upstreams; "
+             "the memory, push, fleet and soak figures come from this run.", ""]
+    for name, s in src.unpinned["scenarios"].items():
+        lines += scenario_section(name, s, src.files.get("unpinned") or "the run's JSON")
+    return lines
+
+
+def instructions_part(src: Sources) -> list[str]:
+    why_not = src.missing("instructions")
+    if src.instructions is None:
+        return [INSTRUCTIONS_HEADING, "", f"No figures: {why_not}.", ""] if why_not else []
+    return section_instructions(src.instructions)
+
+
+INSTRUCTIONS_HEADING = "## Instructions per request (callgrind)"
 
 
 def section_instructions(figures: dict) -> list[str]:
@@ -418,9 +505,9 @@ def section_instructions(figures: dict) -> list[str]:
     from .gateways import table
     cases = "; ".join(f"`{name}`: {what}" for name, what in figures["cases"].items())
     lines = [
-        "## Instructions per request (callgrind)",
+        INSTRUCTIONS_HEADING,
         "",
-        f"Measured by `bench/profile --gateways` on {figures['date']}, separately from the run above. Each gateway "
+        f"Measured by `bench/profile --gateways` on {figures['date']}, separately from the runs. Each gateway "
         "alone under `valgrind --tool=callgrind`, on one thread (nginx `master_process off`, one worker; HAProxy "
         "`nbthread 1`; Sluice one worker), upstream keep-alive, no per-request logging; "
         f"{figures['connections']} keep-alive client connections at once, {figures['warmup']:,} requests of "
@@ -434,27 +521,11 @@ def section_instructions(figures: dict) -> list[str]:
         "",
     ]
     if "sluice" not in figures["gateways"]:
-        lines[-1:-1] = ["", "Sluice is not in this table yet: its figures need a release build of `sluice-dp` "
-                        "(`bench/profile --gateways`, which builds one)."]
-    return lines
-
-
-def targets_summary(results: dict) -> list[str]:
-    sc = results["scenarios"]
-    rows = ["| scenario | target | measured | verdict |", "|---|---|---|---|"]
-
-    for name, targets in TARGETS.items():
-        if name not in sc or "error" in sc[name]:
-            continue
-        for what, value, goal, higher, unit in targets(sc[name]):
-            shown = "-" if value is None else (f"{value:.2f}x" if unit == "x" else f"{value:,.1f} {unit}")
-            rows.append(f"| {name} | {what} | {shown} | {verdict(value, goal, higher, unit).split(' (')[0]} |")
-    if "soak" in sc and "error" not in sc["soak"]:
-        r, total = sc["soak"]["result"], sc["soak"]["target_requests"]
-        rows.append(f"| soak | 0 errors in {total:,} | {r['errors']:,} errors in {r['requests']:,} | "
-                    f"{soak_verdict(r, total).split(' (')[0]} |")
-    return rows
-
+        lines += ["Sluice is not in this table yet: its figures need a release build of `sluice-dp` "
+                  "(`bench/profile --gateways`, which builds one).", ""]
+    lines += [f"* Target {case}: {what}: {percore.instruction_verdict(figures, case, value, goal)}"
+              for case, what, value, goal in percore.instruction_targets(figures)]
+    return lines + [""]
 
 def notes() -> list[str]:
     return [
