@@ -23,8 +23,13 @@ use super::{Store, StoreError, to_db};
 
 /// Columns of one row, in statement order.
 const COLUMNS: usize = 14;
-/// Rows per statement: PostgreSQL allows 65,535 parameters and SQLite 32,766.
-const ROWS_PER_STATEMENT: usize = 500;
+/// Rows per statement, far below the parameter limits (PostgreSQL 65,535,
+/// SQLite 32,766): SQLite finds a `$N` parameter by a linear scan of the
+/// statement's parameters, at prepare and again at every bind, so a statement
+/// costs the square of its parameters. Batches of hundreds of rows made the
+/// flush of a large fleet the control plane's main CPU cost (bench/ `fleet`);
+/// a few more statements per flush (round trips on PostgreSQL) cost far less.
+const ROWS_PER_STATEMENT: usize = 32;
 
 /// Records of the nodes whose streams this process serves (and of those
 /// that just left, until written).

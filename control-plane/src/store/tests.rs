@@ -334,7 +334,23 @@ async fn data_planes_upsert_list_purge(db: &TestDb) {
     let listed = store.list_data_planes().await.unwrap();
     assert_eq!(listed.iter().map(|r| r.node_id.as_str()).collect::<Vec<_>>(), ["b"]);
     assert_eq!(store.purge_data_planes(3_000).await.unwrap(), 0);
+
+    // A fleet's records, flushed over several statements (the last one partly
+    // filled), reach the database whole and each in its own row.
+    let fleet: Vec<DataPlaneRecord> = (0..100)
+        .map(|i| DataPlaneRecord { applied_version: Some(i), ..node(&format!("fleet-{i:03}"), 9_000 + i as i64) })
+        .collect();
+    for record in &fleet {
+        store.record_data_plane(record.clone());
+    }
+    assert_eq!(store.flush_data_planes().await.unwrap(), 100);
+    assert_eq!(store.flush_data_planes().await.unwrap(), 0, "nothing changed since");
     store.close().await;
+    let reopened = db.open().await;
+    let listed = reopened.list_data_planes().await.unwrap();
+    let flushed: Vec<_> = listed.into_iter().filter(|r| r.node_id.starts_with("fleet-")).collect();
+    assert_eq!(flushed, fleet);
+    reopened.close().await;
 }
 
 async fn reopening_keeps_everything(db: &TestDb) {
