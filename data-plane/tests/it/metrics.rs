@@ -8,7 +8,7 @@ use sluice_proto::v1::policy::Kind;
 
 use crate::fake_cp::{FakeControlPlane, seal};
 use crate::policies::{HMAC_KEY, hmac_hex};
-use crate::support::{DataPlane, Upstream, client, send};
+use crate::support::{DataPlane, Upstream, api, client, send};
 
 /// The sum of the series whose line starts with `prefix` (a name and the
 /// first labels), 0 when there is none.
@@ -29,13 +29,6 @@ async fn a_swap_drops_the_series_of_what_it_removed_and_keeps_counting_the_rest(
         Ok(v1::Consumer { username: name.into(), api_key_digests: vec![hmac_hex(key)?], ..Default::default() })
     };
     let api_key = Kind::ApiKey(v1::ApiKeyAuth { header: "x-api-key".into(), query_param: String::new() });
-    let api = |name: &str, prefix: &str, upstream: &str, policies: Vec<Kind>| v1::Api {
-        name: name.into(),
-        path_prefix: prefix.into(),
-        upstream: upstream.into(),
-        policies: policies.into_iter().map(|kind| v1::Policy { kind: Some(kind) }).collect(),
-        ..Default::default()
-    };
     let upstream = |name: &str, targets: &[&Upstream]| v1::Upstream {
         name: name.into(),
         targets: targets.iter().map(|t| v1::Target { url: t.url(), weight: 1 }).collect(),

@@ -13,6 +13,8 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+use sluice_proto::v1;
+use sluice_proto::v1::policy::Kind;
 use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
 
@@ -159,4 +161,15 @@ where
             });
         }
     })
+}
+
+/// An API routing `prefix` to `upstream` through `policies`, everything else as default.
+pub fn api(name: &str, prefix: &str, upstream: &str, policies: Vec<Kind>) -> v1::Api {
+    v1::Api {
+        name: name.into(),
+        path_prefix: prefix.into(),
+        upstream: upstream.into(),
+        policies: policies.into_iter().map(|kind| v1::Policy { kind: Some(kind) }).collect(),
+        ..Default::default()
+    }
 }

@@ -12,7 +12,7 @@ use sluice_proto::v1::policy::Kind;
 use sluice_testkit::otlp::Collector;
 
 use crate::policies::{HMAC_KEY, hmac_hex};
-use crate::support::{DataPlane, Upstream, client, eventually, send, unused_addr};
+use crate::support::{DataPlane, Upstream, api, client, eventually, send, unused_addr};
 
 const CLIENT_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CLIENT_SPAN: &str = "00f067aa0ba902b7";
@@ -26,13 +26,6 @@ fn received_traceparent(echo: &Value) -> Result<(String, String, String)> {
 }
 
 fn snapshot(echo: &Upstream, dead: String) -> Result<v1::Snapshot> {
-    let api = |name: &str, prefix: &str, upstream: &str, policies: Vec<Kind>| v1::Api {
-        name: name.into(),
-        path_prefix: prefix.into(),
-        upstream: upstream.into(),
-        policies: policies.into_iter().map(|kind| v1::Policy { kind: Some(kind) }).collect(),
-        ..Default::default()
-    };
     let upstream = |name: &str, url: String| v1::Upstream {
         name: name.into(),
         targets: vec![v1::Target { url, weight: 1 }],
