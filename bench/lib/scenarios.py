@@ -68,14 +68,14 @@ class Stack:
 
     def nginx(self, label: str, addrs: list[str], path: str, req: Request | None = None) -> Target:
         ng, port = peers.nginx_plain(self.dir, self.ctx.gateway_cores, self.ctx.gateway_cpus, addrs)
-        return Target(label, f"http://127.0.0.1:{port}{path}", self.add(ng), req)
+        return Target(label, f"http://127.0.0.1:{port}{path}", self.add(ng), req or Request())
 
     def plain_peers(self, addrs: list[str], path: str, req: Request | None = None) -> list[Target]:
         """nginx and (where installed) HAProxy proxying `path` to `addrs`, round robin."""
         targets = [self.nginx("nginx", addrs, path, req)]
         if peers.have_haproxy():
             hp, port = peers.start_haproxy(self.dir, self.ctx.gateway_cores, self.ctx.gateway_cpus, addrs)
-            targets.append(Target("haproxy", f"http://127.0.0.1:{port}{path}", self.add(hp), req))
+            targets.append(Target("haproxy", f"http://127.0.0.1:{port}{path}", self.add(hp), req or Request()))
         return targets
 
     def rounds(self, targets: list[Target], connections: int, **out) -> dict:
