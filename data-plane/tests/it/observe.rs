@@ -7,17 +7,7 @@ use serde_json::Value;
 use sluice_proto::v1;
 use sluice_proto::v1::policy::Kind;
 
-use crate::support::{DataPlane, Upstream, client, eventually, send, unused_addr};
-
-fn api(name: &str, prefix: &str, upstream: &str, policies: Vec<Kind>) -> v1::Api {
-    v1::Api {
-        name: name.into(),
-        path_prefix: prefix.into(),
-        upstream: upstream.into(),
-        policies: policies.into_iter().map(|kind| v1::Policy { kind: Some(kind) }).collect(),
-        ..Default::default()
-    }
-}
+use crate::support::{DataPlane, Upstream, api, client, eventually, send, unused_addr};
 
 fn upstream(name: &str, urls: &[String]) -> v1::Upstream {
     v1::Upstream {
