@@ -7,6 +7,7 @@
 mod balance;
 mod connections;
 mod health;
+mod http1;
 
 use std::net::IpAddr;
 use std::sync::Arc;

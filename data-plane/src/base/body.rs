@@ -10,7 +10,33 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 
 /// Body type on both legs of the proxy: a boxed stream, never buffered.
-pub type ProxyBody = BoxBody<Bytes, hyper::Error>;
+pub type ProxyBody = BoxBody<Bytes, BodyError>;
+
+/// Why a response body failed part-way. A target's body is read by hyper
+/// (HTTP/2, upgrades) or by `upstream::http1`, each with errors of its own.
+/// A type of its own, not a bare `BoxError`: hyper and `Limited` ask for
+/// `Into<BoxError>`, which a concrete error meets for every lifetime and a
+/// bare one does not (the request future would then not prove `Send`).
+#[derive(Debug)]
+pub struct BodyError(BoxError);
+
+impl BodyError {
+    pub fn new(cause: impl Into<BoxError>) -> Self {
+        BodyError(cause.into())
+    }
+}
+
+impl std::fmt::Display for BodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for BodyError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
 
 /// Body of a request on its way upstream. Its error is boxed, not
 /// `hyper::Error`, because the policy chain wraps the client's body (size

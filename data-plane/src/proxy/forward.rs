@@ -240,7 +240,7 @@ fn send<'a>(
                     let (target, reason) = (target.url.clone(), error.to_string());
                     return Err(match error {
                         SendError::Connect(_) => ProxyError::Connect { target, reason },
-                        SendError::Exchange(_) => ProxyError::Upstream { target, reason },
+                        SendError::Exchange(_) | SendError::Hyper(_) => ProxyError::Upstream { target, reason },
                     });
                 }
                 Err(_) if outgoing.still_receiving() || outgoing.client_fault().is_some() => {

@@ -16,7 +16,7 @@ use http_body::{Body, Frame, SizeHint};
 use serde::Serialize;
 
 use super::idle::ActiveRequest;
-use crate::base::{BodyStatus, ProxyBody, RequestId, UNROUTED};
+use crate::base::{BodyError, BodyStatus, ProxyBody, RequestId, UNROUTED};
 use crate::routing::{CompiledApi, RoutingTable};
 use crate::trace::{ActiveSpan, SpanEnd};
 use crate::upstream::{InFlight, Target};
@@ -114,9 +114,9 @@ impl LoggedBody {
 
 impl Body for LoggedBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {

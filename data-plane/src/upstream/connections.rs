@@ -4,22 +4,19 @@
 //! authority (hashing both on every request), races each checkout against a
 //! new connect, and spawns a task per HTTP/1.1 request only to notice when the
 //! connection is free again. A target already is the key, so each one keeps
-//! its own stack of idle HTTP/1.1 connections, and a connection goes back on
-//! it when the response body it carried ends. HTTP/2 multiplexes: one shared
-//! connection per target.
+//! its own stack of idle HTTP/1.1 connections (see `http1`), and a connection
+//! goes back on it when the response body it carried ends. HTTP/2
+//! multiplexes: one shared hyper connection per target. A request asking to
+//! upgrade (WebSocket) gets a hyper HTTP/1.1 connection of its own, which
+//! hands the socket to the tunnel on a 101.
 
 use std::collections::VecDeque;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use futures_util::FutureExt as _;
-use http::{Request, Response, StatusCode, Uri};
-use http_body::{Body, Frame, SizeHint};
+use http::{Request, Response, Uri, header};
 use http_body_util::BodyExt as _;
-use hyper::body::Incoming;
 use hyper::client::conn::{TrySendError, http1, http2};
 use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -28,8 +25,9 @@ use tokio::net::TcpStream;
 use tower_service::Service as _;
 
 use super::Target;
+use super::http1::{Connection, ExchangeError, Io};
 use crate::base::worker;
-use crate::base::{ProxyBody, RequestBody, error_chain};
+use crate::base::{BodyError, ProxyBody, RequestBody, error_chain};
 
 /// How long an idle connection is kept unless the target says less (see
 /// [`idle_limit`]).
@@ -51,9 +49,12 @@ pub enum SendError {
     /// No connection could be made; nothing was sent, so the request may go elsewhere.
     #[error("{0}")]
     Connect(String),
-    /// The connection failed while the request or the response was on it.
+    /// The connection failed while the request or the response head was on it.
+    #[error("{0}")]
+    Exchange(ExchangeError),
+    /// As `Exchange`, on a connection hyper drives (HTTP/2, upgrades).
     #[error("{}", error_chain(.0))]
-    Exchange(hyper::Error),
+    Hyper(hyper::Error),
 }
 
 impl SendError {
@@ -65,7 +66,8 @@ impl SendError {
     pub fn may_resend(&self) -> bool {
         match self {
             SendError::Connect(_) => true,
-            SendError::Exchange(e) => !e.is_parse(),
+            SendError::Exchange(e) => e.may_resend(),
+            SendError::Hyper(e) => !e.is_parse(),
         }
     }
 }
@@ -86,7 +88,7 @@ pub struct Connections {
 
 #[derive(Debug)]
 struct IdleConnection {
-    sender: http1::SendRequest<RequestBody>,
+    connection: Box<Connection>,
     since: Instant,
     expires: Instant,
 }
@@ -113,14 +115,14 @@ impl Connections {
     /// This worker's most recently used idle connection. `None` means the
     /// caller opens a new one, so another worker's spare is closed first
     /// (see [`Connections::retire_spare_elsewhere`]).
-    fn take_idle(&self) -> Option<http1::SendRequest<RequestBody>> {
+    fn take_idle(&self) -> Option<Box<Connection>> {
         let here = self.local_index();
         let now = Instant::now();
         {
             let mut idle = lock(&self.idle[here]);
-            while let Some(connection) = idle.pop_back() {
-                if !connection.sender.is_closed() && now < connection.expires {
-                    return Some(connection.sender);
+            while let Some(mut idle) = idle.pop_back() {
+                if now < idle.expires && idle.connection.still_open() {
+                    return Some(idle.connection);
                 }
             }
         }
@@ -130,13 +132,13 @@ impl Connections {
     }
 
     /// Keeps a connection for reuse for up to `keep_for`.
-    fn put_idle(&self, sender: http1::SendRequest<RequestBody>, keep_for: Duration) {
-        if sender.is_closed() || keep_for.is_zero() {
+    pub(super) fn put_idle(&self, connection: Box<Connection>, keep_for: Duration) {
+        if keep_for.is_zero() {
             return;
         }
         let now = Instant::now();
         let mut idle = self.local_idle();
-        idle.push_back(IdleConnection { sender, since: now, expires: now + keep_for });
+        idle.push_back(IdleConnection { connection, since: now, expires: now + keep_for });
         // The oldest sit at the front; trimming here bounds the stack without a timer.
         while idle.front().is_some_and(|c| c.expires <= now) {
             idle.pop_front();
@@ -158,19 +160,17 @@ impl Connections {
             if idle.front().is_some_and(|c| now.saturating_duration_since(c.since) >= SPARE_AFTER) {
                 let spare = idle.pop_front();
                 drop(idle);
-                // Dropping the sender ends the connection's task on its worker.
                 drop(spare);
                 return;
             }
         }
     }
 
-    /// Closes connections past their idle time (dropping the sender ends its
-    /// connection task).
+    /// Closes connections past their idle time, or closed by the target.
     fn close_expired(&self) {
         let now = Instant::now();
         for stack in &self.idle {
-            lock(stack).retain(|c| !c.sender.is_closed() && now < c.expires);
+            lock(stack).retain_mut(|c| now < c.expires && c.connection.still_open());
         }
     }
 }
@@ -214,10 +214,8 @@ impl Dialer {
         Dialer { connector, http2 }
     }
 
-    /// Sends `request` to `target`, on a reused connection when one is idle.
-    /// A reused connection can turn out closed by the target before the
-    /// request was written; then the request goes out again on the next (or a
-    /// new) connection.
+    /// Sends `request` to `target`, on a reused connection when one is idle
+    /// (an idle connection the target has closed is passed over).
     ///
     /// HTTP/1.1 wants an origin-form URI (`/path?query`) and a `Host` header;
     /// HTTP/2 an absolute URI.
@@ -225,32 +223,41 @@ impl Dialer {
     pub fn send(
         &self,
         target: &Arc<Target>,
-        mut request: Request<RequestBody>,
+        request: Request<RequestBody>,
         connect_timeout: Duration,
     ) -> impl Future<Output = Result<Response<ProxyBody>, SendError>> {
         async move {
             if self.http2 {
                 return self.send_h2(target, request, connect_timeout).await;
             }
-            loop {
-                let (mut sender, reused) = match target.connections.take_idle() {
-                    Some(sender) => (sender, true),
-                    // Boxed: the rare connect path would otherwise make every
-                    // request's future kilobytes larger, copied at each move.
-                    None => (Box::pin(self.dial_h1(&target.origin, connect_timeout)).await?, false),
-                };
-                if let Err(e) = sender.ready().await {
-                    if reused {
-                        continue;
-                    }
-                    return Err(SendError::Exchange(e));
-                }
-                match sender.try_send_request(request).await {
-                    Ok(response) => return Ok(release_when_done(response, sender, target)),
-                    Err(e) => request = resend_or_fail(e, reused)?,
-                }
+            if request.headers().contains_key(header::UPGRADE) {
+                return Box::pin(self.send_upgrade(target, request, connect_timeout)).await;
             }
+            let connection = match target.connections.take_idle() {
+                Some(connection) => connection,
+                // Boxed: the rare connect path would otherwise make every
+                // request's future larger, copied at each move.
+                None => Box::pin(self.dial_h1(&target.origin, connect_timeout)).await?,
+            };
+            let response = connection.exchange(request, target.clone()).await.map_err(SendError::Exchange)?;
+            Ok(response.map(|body| body.boxed()))
         }
+    }
+
+    /// A request asking to switch protocols, on a hyper connection of its
+    /// own that is never reused: a 101 hands its socket to the tunnel.
+    async fn send_upgrade(
+        &self,
+        target: &Target,
+        request: Request<RequestBody>,
+        connect_timeout: Duration,
+    ) -> Result<Response<ProxyBody>, SendError> {
+        let stream = self.connect(&target.origin, connect_timeout).await?;
+        let (mut sender, connection) = http1::Builder::new().handshake(stream).await.map_err(SendError::Hyper)?;
+        // A combinator, not an async block, which would hold the connection twice.
+        tokio::spawn(connection.with_upgrades().map(log_connection_end));
+        let response = sender.send_request(request).await.map_err(SendError::Hyper)?;
+        Ok(response.map(hyper_body))
     }
 
     #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see proxy::handle)")]
@@ -279,10 +286,10 @@ impl Dialer {
                         shared_h2.lock().await.take();
                         continue;
                     }
-                    return Err(SendError::Exchange(e));
+                    return Err(SendError::Hyper(e));
                 }
                 match sender.try_send_request(request).await {
-                    Ok(response) => return Ok(response.map(|body| body.boxed())),
+                    Ok(response) => return Ok(response.map(hyper_body)),
                     Err(e) => request = resend_or_fail(e, reused)?,
                 }
             }
@@ -298,13 +305,14 @@ impl Dialer {
         }
     }
 
-    async fn dial_h1(&self, origin: &Uri, timeout: Duration) -> Result<http1::SendRequest<RequestBody>, SendError> {
-        // Unwrapped, so a plain target's connection task does not carry
-        // room for a TLS session (about a kilobyte per open connection).
-        match self.connect(origin, timeout).await? {
-            MaybeHttpsStream::Http(tcp) => handshake_h1(tcp, true).await,
-            MaybeHttpsStream::Https(tls) => handshake_h1(tls, false).await,
-        }
+    async fn dial_h1(&self, origin: &Uri, timeout: Duration) -> Result<Box<Connection>, SendError> {
+        // Unwrapped, so a plain target's connection does not carry room for
+        // a TLS session (about a kilobyte per open connection).
+        let io = match self.connect(origin, timeout).await? {
+            MaybeHttpsStream::Http(tcp) => Io::Plain(tcp.into_inner()),
+            MaybeHttpsStream::Https(tls) => Io::Tls(Box::new(tls.into_inner())),
+        };
+        Ok(Connection::new(io))
     }
 
     async fn dial_h2(&self, origin: &Uri, timeout: Duration) -> Result<http2::SendRequest<RequestBody>, SendError> {
@@ -313,24 +321,15 @@ impl Dialer {
             .timer(TokioTimer::new())
             .handshake(stream)
             .await
-            .map_err(SendError::Exchange)?;
+            .map_err(SendError::Hyper)?;
         tokio::spawn(connection.map(log_connection_end));
         Ok(sender)
     }
 }
 
-/// The HTTP/1.1 handshake on a connected stream; the connection is then driven by its own task.
-/// `writev` off for TLS streams: see `proxy::serve_listener`.
-async fn handshake_h1<S>(stream: S, writev: bool) -> Result<http1::SendRequest<RequestBody>, SendError>
-where
-    S: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-{
-    let (sender, connection) =
-        http1::Builder::new().writev(writev).handshake(stream).await.map_err(SendError::Exchange)?;
-    // Upgrades: a 101 hands the connection over to the tunnel. A combinator,
-    // not an async block, which would hold the connection twice.
-    tokio::spawn(connection.with_upgrades().map(log_connection_end));
-    Ok(sender)
+/// A body hyper reads, in the proxy's body type.
+fn hyper_body(body: hyper::body::Incoming) -> ProxyBody {
+    body.map_err(BodyError::new).boxed()
 }
 
 fn log_connection_end(result: Result<(), hyper::Error>) {
@@ -347,36 +346,15 @@ fn resend_or_fail(
 ) -> Result<Request<RequestBody>, SendError> {
     match error.take_message() {
         Some(request) if reused => Ok(request),
-        _ => Err(SendError::Exchange(error.into_error())),
+        _ => Err(SendError::Hyper(error.into_error())),
     }
-}
-
-/// Wraps the response body so its HTTP/1.1 connection returns to the idle
-/// stack once the body has been read to its end. A body dropped before its
-/// end takes the connection with it (hyper cannot reuse it), and a 101 gives
-/// it to the upgraded tunnel.
-fn release_when_done(
-    response: Response<Incoming>,
-    sender: http1::SendRequest<RequestBody>,
-    target: &Arc<Target>,
-) -> Response<ProxyBody> {
-    if response.status() == StatusCode::SWITCHING_PROTOCOLS {
-        return response.map(|body| body.boxed());
-    }
-    let keep_for = idle_limit(response.headers());
-    if response.body().is_end_stream() {
-        target.connections.put_idle(sender, keep_for);
-        return response.map(|body| body.boxed());
-    }
-    let target = target.clone();
-    response.map(|body| ReleaseAtEnd { body, held: Some((sender, target, keep_for)) }.boxed())
 }
 
 /// How long the connection may stay idle: [`IDLE_TIMEOUT`], or less when the
 /// target announces its own keep-alive timeout (`Keep-Alive: timeout=5`, as
 /// Node.js servers send) minus a margin, so a request never goes out on a
 /// connection the target is about to close.
-fn idle_limit(headers: &http::HeaderMap) -> Duration {
+pub(super) fn idle_limit(headers: &http::HeaderMap) -> Duration {
     let announced = headers.get(KEEP_ALIVE).and_then(|value| value.to_str().ok()).and_then(|value| {
         value.split(',').find_map(|param| {
             let (name, seconds) = param.split_once('=')?;
@@ -389,63 +367,23 @@ fn idle_limit(headers: &http::HeaderMap) -> Duration {
     }
 }
 
-/// A response body holding its connection until the last frame.
-struct ReleaseAtEnd {
-    body: Incoming,
-    held: Option<(http1::SendRequest<RequestBody>, Arc<Target>, Duration)>,
-}
-
-impl ReleaseAtEnd {
-    fn release(&mut self) {
-        if let Some((sender, target, keep_for)) = self.held.take() {
-            target.connections.put_idle(sender, keep_for);
-        }
-    }
-}
-
-impl Body for ReleaseAtEnd {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let this = &mut *self;
-        let frame = std::task::ready!(Pin::new(&mut this.body).poll_frame(cx));
-        match &frame {
-            None => this.release(),
-            Some(Ok(_)) if this.body.is_end_stream() => this.release(),
-            // A failed body leaves the connection unusable: drop it.
-            Some(Err(_)) => this.held = None,
-            Some(Ok(_)) => {}
-        }
-        Poll::Ready(frame)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use tokio::io::AsyncReadExt as _;
 
     use super::*;
 
-    /// An HTTP/1.1 connection over an in-memory pipe, and the far end of
-    /// the pipe, which reads end-of-stream once the connection is closed.
-    async fn pipe_connection() -> (http1::SendRequest<RequestBody>, tokio::io::DuplexStream) {
-        let (near, far) = tokio::io::duplex(1024);
-        let (sender, connection) = http1::handshake(TokioIo::new(near)).await.unwrap();
-        tokio::spawn(connection);
-        (sender, far)
+    /// A connection over loopback TCP, and the far end of it, which reads
+    /// end-of-stream once the connection is closed.
+    async fn loopback_connection() -> (Box<Connection>, tokio::net::TcpStream) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let near = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (far, _) = listener.accept().await.unwrap();
+        (Connection::new(Io::Plain(near)), far)
     }
 
-    fn idle(sender: http1::SendRequest<RequestBody>, since: Instant) -> IdleConnection {
-        IdleConnection { sender, since, expires: since + IDLE_TIMEOUT }
+    fn idle(connection: Box<Connection>, since: Instant) -> IdleConnection {
+        IdleConnection { connection, since, expires: since + IDLE_TIMEOUT }
     }
 
     #[tokio::test]
@@ -454,9 +392,9 @@ mod tests {
             Connections { idle: (0..2).map(|_| Mutex::default()).collect(), shared_h2: Default::default() };
         let now = Instant::now();
         let long_ago = now - SPARE_AFTER * 2;
-        let (own, _own_far) = pipe_connection().await;
-        let (spare, mut spare_far) = pipe_connection().await;
-        let (recent, _recent_far) = pipe_connection().await;
+        let (own, _own_far) = loopback_connection().await;
+        let (spare, mut spare_far) = loopback_connection().await;
+        let (recent, _recent_far) = loopback_connection().await;
         lock(&connections.idle[0]).push_back(idle(own, long_ago));
         lock(&connections.idle[1]).extend([idle(spare, long_ago), idle(recent, now)]);
 

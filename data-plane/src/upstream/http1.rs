@@ -1,0 +1,830 @@
+//! HTTP/1.1 to a target without a connection task: the request's own task
+//! writes the request and reads the response head, and the response body
+//! reads straight from the socket as the client takes it.
+//!
+//! Why not hyper's client connection: it runs each connection in a task of
+//! its own and hands every message across channels (the request in, the
+//! head out, each body chunk out), so a proxied request paid for two task
+//! wake-ups and four channel hand-overs on this leg alone. Upgrades (101)
+//! still go through hyper, which owns the hand-over of the socket.
+//!
+//! What a target may send is checked as strictly as hyper did (see
+//! `tests/it/http1_responses.rs`): a head that is not HTTP/1.x, folded
+//! (obs-fold) or too large, differing `Content-Length`s, a bad chunk size is
+//! no answer; bytes past the end of a response are never read as the next
+//! one's (the connection is closed instead of reused).
+
+use std::io::{self, Write as _};
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker, ready};
+use std::time::Duration;
+
+use bytes::{Buf as _, Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Version};
+use http_body::{Body, Frame, SizeHint};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio_util::io::poll_read_buf;
+
+use super::Target;
+use crate::base::{BodyError, BoxError, RequestBody};
+
+/// The most a response head may take, status line and headers together.
+const MAX_HEAD: usize = 64 * 1024;
+/// The most header fields a response head may have.
+const MAX_HEADERS: usize = 128;
+/// The most a chunk-size line (with its extensions) or the trailer section may take.
+const MAX_CHUNK_LINE: usize = 4 * 1024;
+const MAX_TRAILERS: usize = 16 * 1024;
+/// What a read asks the socket for at least.
+const READ_SIZE: usize = 8 * 1024;
+/// Request body bytes gathered before they are written out.
+const WRITE_HIGH_WATER: usize = 64 * 1024;
+/// A write buffer grown past this by a large upload is not kept while idle.
+const WRITE_KEEP: usize = 16 * 1024;
+
+/// The byte stream under a connection: TCP, or TLS over TCP.
+pub(super) enum Io {
+    Plain(TcpStream),
+    /// Boxed: a TLS session is kilobytes, a plain connection should not carry its room.
+    Tls(Box<tokio_rustls::client::TlsStream<TokioIo<TokioIo<TcpStream>>>>),
+}
+
+impl AsyncRead for Io {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(tcp) => Pin::new(tcp).poll_read(cx, buf),
+            Io::Tls(tls) => Pin::new(tls.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Io {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Io::Plain(tcp) => Pin::new(tcp).poll_write(cx, buf),
+            Io::Tls(tls) => Pin::new(tls.as_mut()).poll_write(cx, buf),
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(tcp) => Pin::new(tcp).poll_flush(cx),
+            Io::Tls(tls) => Pin::new(tls.as_mut()).poll_flush(cx),
+        }
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(tcp) => Pin::new(tcp).poll_shutdown(cx),
+            Io::Tls(tls) => Pin::new(tls.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+/// Why an exchange got no usable response.
+#[derive(Debug, thiserror::Error)]
+pub enum ExchangeError {
+    /// The connection closed or failed before any byte of a response: the
+    /// target may never have seen the request.
+    #[error("connection closed before a response: {0}")]
+    NoResponse(io::Error),
+    /// Part of a response head arrived, then the connection ended or failed.
+    #[error("connection closed in the response head: {0}")]
+    CutHead(io::Error),
+    /// What arrived is not an acceptable HTTP/1.x response head.
+    #[error("invalid response: {0}")]
+    Invalid(&'static str),
+    /// The client's request body failed while it was being sent.
+    #[error("request body failed: {0}")]
+    RequestBody(BoxError),
+}
+
+impl ExchangeError {
+    /// Whether a request may go again (see `SendError::may_resend`): only
+    /// when nothing of a response arrived.
+    pub fn may_resend(&self) -> bool {
+        matches!(self, ExchangeError::NoResponse(_))
+    }
+}
+
+/// An open HTTP/1.1 connection to a target, idle or carrying one exchange.
+pub(super) struct Connection {
+    io: Io,
+    /// Bytes read and not consumed yet.
+    read: BytesMut,
+    /// The request head and body bytes not written yet, from `written` on.
+    write: Vec<u8>,
+    written: usize,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection").field("buffered", &self.read.len()).finish_non_exhaustive()
+    }
+}
+
+impl Connection {
+    pub(super) fn new(io: Io) -> Box<Self> {
+        Box::new(Connection { io, read: BytesMut::new(), write: Vec::new(), written: 0 })
+    }
+
+    /// Whether an idle connection may carry a request: the target has not
+    /// closed it, and has sent nothing unasked (which could only be read as
+    /// the next response). Never waits: it looks at what the socket has now.
+    pub(super) fn still_open(&mut self) -> bool {
+        if !self.read.is_empty() {
+            return false;
+        }
+        let mut cx = Context::from_waker(Waker::noop());
+        matches!(self.poll_fill(&mut cx), Poll::Pending)
+    }
+
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.read.capacity() - self.read.len() < READ_SIZE / 4 {
+            self.read.reserve(READ_SIZE);
+        }
+        poll_read_buf(Pin::new(&mut self.io), cx, &mut self.read)
+    }
+
+    /// Writes what is buffered; `Ready(Ok)` once all of it is out and flushed.
+    fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.written < self.write.len() {
+            let n = ready!(Pin::new(&mut self.io).poll_write(cx, &self.write[self.written..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.written += n;
+        }
+        self.write.clear();
+        self.written = 0;
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    /// Sends `request` and reads the response head. The response body reads
+    /// from this connection, which goes back to `home` when the body has
+    /// ended cleanly and the connection may carry another request.
+    pub(super) async fn exchange(
+        mut self: Box<Self>,
+        request: Request<RequestBody>,
+        home: Home,
+    ) -> Result<Response<ResponseBody>, ExchangeError> {
+        let (parts, body) = request.into_parts();
+        let outgoing = encode_head(&mut self.write, &parts.method, &parts.uri, &parts.headers, &body);
+        let head_request = parts.method == Method::HEAD;
+        let mut sending = Sending { body: (!matches!(outgoing, Outgoing::Done)).then_some(body), framing: outgoing };
+        let head = std::future::poll_fn(|cx| self.poll_exchange(cx, &mut sending)).await?;
+        // A response that came before the request was all out leaves the
+        // request half sent: the connection cannot carry another.
+        let reusable = head.keep_alive && sending.body.is_none() && self.write.is_empty();
+        drop(sending);
+        Ok(self.into_response(head, head_request, reusable, home))
+    }
+
+    /// Writes the request while reading for the response head, so a target
+    /// that answers before the whole body (a 413, a 401) is heard rather
+    /// than deadlocked against.
+    fn poll_exchange(&mut self, cx: &mut Context<'_>, sending: &mut Sending) -> Poll<Result<Head, ExchangeError>> {
+        let mut write_failed = None;
+        loop {
+            let mut progressed = false;
+            if write_failed.is_none() {
+                // Frames that are ready now are gathered into one write.
+                while let Some(body) = sending.body.as_mut()
+                    && self.write.len() < WRITE_HIGH_WATER
+                {
+                    match Pin::new(body).poll_frame(cx) {
+                        Poll::Ready(Some(Ok(frame))) => {
+                            if let Ok(data) = frame.into_data() {
+                                sending.framing.encode(&mut self.write, data).map_err(ExchangeError::RequestBody)?;
+                            }
+                        }
+                        Poll::Ready(None) => {
+                            sending.framing.finish(&mut self.write).map_err(ExchangeError::RequestBody)?;
+                            sending.body = None;
+                        }
+                        Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(ExchangeError::RequestBody(e))),
+                        Poll::Pending => break,
+                    }
+                    progressed = true;
+                }
+                match self.poll_write_out(cx) {
+                    Poll::Ready(Ok(())) => {}
+                    Poll::Ready(Err(e)) => write_failed = Some(e),
+                    Poll::Pending => {}
+                }
+            }
+            match self.poll_head(cx) {
+                Poll::Ready(Ok(Some(head))) => return Poll::Ready(Ok(head)),
+                // An interim (1xx) head was skipped: look for the final one.
+                Poll::Ready(Ok(None)) => continue,
+                Poll::Ready(Err(e)) => {
+                    // The target closing on a request it did not read whole
+                    // is reported as the write's failure, the first cause.
+                    let e = match (e, write_failed) {
+                        (ExchangeError::NoResponse(_), Some(write)) => ExchangeError::NoResponse(write),
+                        (e, _) => e,
+                    };
+                    return Poll::Ready(Err(e));
+                }
+                Poll::Pending => {}
+            }
+            if !progressed {
+                return Poll::Pending;
+            }
+        }
+    }
+
+    /// Reads until a whole head is buffered and parses it; `Ok(None)` for an
+    /// interim response, which is consumed and skipped.
+    fn poll_head(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Head>, ExchangeError>> {
+        loop {
+            if !self.read.is_empty() {
+                match parse_head(&self.read)? {
+                    Parsed::Complete(head) if head.status.is_informational() => {
+                        // 101 is never asked for here (upgrades go through hyper).
+                        if head.status == StatusCode::SWITCHING_PROTOCOLS {
+                            return Poll::Ready(Err(ExchangeError::Invalid("101 to a request without Upgrade")));
+                        }
+                        self.read.advance(head.length);
+                        return Poll::Ready(Ok(None));
+                    }
+                    Parsed::Complete(head) => return Poll::Ready(Ok(Some(head))),
+                    Parsed::Partial if self.read.len() >= MAX_HEAD => {
+                        return Poll::Ready(Err(ExchangeError::Invalid("response head too large")));
+                    }
+                    Parsed::Partial => {}
+                }
+            }
+            let started = !self.read.is_empty();
+            let result = ready!(self.poll_fill(cx));
+            let cut = |e: io::Error| if started { ExchangeError::CutHead(e) } else { ExchangeError::NoResponse(e) };
+            match result {
+                Ok(0) => return Poll::Ready(Err(cut(io::ErrorKind::UnexpectedEof.into()))),
+                Ok(_) => {}
+                Err(e) => return Poll::Ready(Err(cut(e))),
+            }
+        }
+    }
+
+    /// Turns the parsed head into the response, its body reading from this connection.
+    fn into_response(
+        mut self: Box<Self>,
+        head: Head,
+        head_request: bool,
+        reusable: bool,
+        home: Home,
+    ) -> Response<ResponseBody> {
+        let bytes = self.read.split_to(head.length).freeze();
+        let mut response = Response::new(ResponseBody::EMPTY);
+        *response.status_mut() = head.status;
+        *response.version_mut() = head.version;
+        let mut headers = HeaderMap::with_capacity(head.fields.len());
+        for field in &head.fields {
+            // Both were checked by `parse_head`.
+            if let (Ok(name), Ok(value)) = (
+                HeaderName::from_bytes(&bytes[field.name.0..field.name.1]),
+                HeaderValue::from_maybe_shared(bytes.slice(field.value.0..field.value.1)),
+            ) {
+                headers.append(name, value);
+            }
+        }
+        let framing =
+            if head_request || head.status == StatusCode::NO_CONTENT || head.status == StatusCode::NOT_MODIFIED {
+                Framing::Length(0)
+            } else {
+                head.framing
+            };
+        let keep_for = super::connections::idle_limit(&headers);
+        *response.headers_mut() = headers;
+        let reusable = reusable && !matches!(framing, Framing::UntilClose);
+        let mut body =
+            ResponseBody { connection: Some(self), framing, home: reusable.then_some((home, keep_for)), failure: None };
+        if body.framing.is_done() {
+            body.release();
+        }
+        *response.body_mut() = body;
+        response
+    }
+}
+
+/// Where a connection goes back to after its response: the target it was opened to.
+pub(super) type Home = std::sync::Arc<Target>;
+
+/// The request body on its way out, and its framing on the wire.
+struct Sending {
+    body: Option<RequestBody>,
+    framing: Outgoing,
+}
+
+/// How a request body is framed.
+enum Outgoing {
+    /// No body (or an empty one, said with `Content-Length: 0`).
+    Done,
+    /// `Content-Length`: this many bytes still to send.
+    Length(u64),
+    Chunked,
+}
+
+impl Outgoing {
+    fn encode(&mut self, out: &mut Vec<u8>, data: Bytes) -> Result<(), BoxError> {
+        match self {
+            Outgoing::Length(left) => {
+                *left = left.checked_sub(data.len() as u64).ok_or("request body longer than its Content-Length")?;
+                out.extend_from_slice(&data);
+            }
+            Outgoing::Chunked if data.is_empty() => {}
+            Outgoing::Chunked => {
+                // Writing into a Vec cannot fail.
+                let _ = write!(out, "{:x}\r\n", data.len());
+                out.extend_from_slice(&data);
+                out.extend_from_slice(b"\r\n");
+            }
+            Outgoing::Done => return Err("request body after its end".into()),
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, out: &mut Vec<u8>) -> Result<(), BoxError> {
+        match std::mem::replace(self, Outgoing::Done) {
+            Outgoing::Length(0) | Outgoing::Done => Ok(()),
+            Outgoing::Length(_) => Err("request body shorter than its Content-Length".into()),
+            Outgoing::Chunked => {
+                out.extend_from_slice(b"0\r\n\r\n");
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Writes the request head into `out` and says how the body follows. Any
+/// `Content-Length` or `Transfer-Encoding` the request carries is replaced
+/// by the framing of the body actually sent.
+fn encode_head(
+    out: &mut Vec<u8>,
+    method: &Method,
+    uri: &http::Uri,
+    headers: &HeaderMap,
+    body: &RequestBody,
+) -> Outgoing {
+    out.extend_from_slice(method.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(uri.path_and_query().map_or("/", |p| p.as_str()).as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    let mut declared = None;
+    for (name, value) in headers {
+        if name == header::CONTENT_LENGTH {
+            declared = value.to_str().ok().and_then(|v| v.trim().parse::<u64>().ok());
+            continue;
+        }
+        if name == header::TRANSFER_ENCODING {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    let outgoing = if body.is_end_stream() {
+        // An empty body is still said for methods that carry one, and when the client said so.
+        if declared.is_some() || matches!(*method, Method::POST | Method::PUT | Method::PATCH) {
+            out.extend_from_slice(b"content-length: 0\r\n");
+        }
+        Outgoing::Done
+    } else {
+        match body.size_hint().exact().or(declared) {
+            Some(length) => {
+                out.extend_from_slice(b"content-length: ");
+                out.extend_from_slice(itoa::Buffer::new().format(length).as_bytes());
+                out.extend_from_slice(b"\r\n");
+                Outgoing::Length(length)
+            }
+            None => {
+                out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+                Outgoing::Chunked
+            }
+        }
+    };
+    out.extend_from_slice(b"\r\n");
+    outgoing
+}
+
+/// A parsed response head: where its fields are in the read buffer, and what frames its body.
+struct Head {
+    length: usize,
+    status: StatusCode,
+    version: Version,
+    fields: Vec<Field>,
+    framing: Framing,
+    keep_alive: bool,
+}
+
+/// A header field's name and value, as byte ranges of the head.
+struct Field {
+    name: (usize, usize),
+    value: (usize, usize),
+}
+
+enum Parsed {
+    Complete(Head),
+    Partial,
+}
+
+fn parse_head(buffer: &[u8]) -> Result<Parsed, ExchangeError> {
+    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut response = httparse::Response::new(&mut slots);
+    let length = match response.parse(buffer) {
+        Ok(httparse::Status::Complete(length)) => length,
+        Ok(httparse::Status::Partial) => return Ok(Parsed::Partial),
+        Err(httparse::Error::TooManyHeaders) => return Err(ExchangeError::Invalid("too many header fields")),
+        Err(_) => return Err(ExchangeError::Invalid("malformed response head")),
+    };
+    let code = response.code.unwrap_or_default();
+    let status = StatusCode::from_u16(code).map_err(|_| ExchangeError::Invalid("bad status code"))?;
+    let version = if response.version == Some(0) { Version::HTTP_10 } else { Version::HTTP_11 };
+    let base = buffer.as_ptr() as usize;
+    let range = |slice: &[u8]| {
+        let start = slice.as_ptr() as usize - base;
+        (start, start + slice.len())
+    };
+    let mut fields = Vec::with_capacity(response.headers.len());
+    let mut lengths = None::<u64>;
+    let mut chunked = None::<bool>;
+    let mut connection_close = false;
+    let mut connection_keep_alive = false;
+    for field in response.headers.iter() {
+        let name = field.name.as_bytes();
+        // Both are checked now, so building the header map later cannot fail.
+        if HeaderName::from_bytes(name).is_err() || HeaderValue::from_bytes(field.value).is_err() {
+            return Err(ExchangeError::Invalid("invalid header field"));
+        }
+        if name.eq_ignore_ascii_case(b"content-length") {
+            for value in field.value.split(|b| *b == b',') {
+                let value = value.trim_ascii();
+                if value.is_empty() || !value.iter().all(u8::is_ascii_digit) || value.len() > 19 {
+                    return Err(ExchangeError::Invalid("bad Content-Length"));
+                }
+                let parsed = std::str::from_utf8(value).ok().and_then(|v| v.parse::<u64>().ok());
+                match (lengths, parsed) {
+                    (_, None) => return Err(ExchangeError::Invalid("bad Content-Length")),
+                    (Some(seen), Some(n)) if seen != n => {
+                        return Err(ExchangeError::Invalid("differing Content-Length values"));
+                    }
+                    (_, Some(n)) => lengths = Some(n),
+                }
+            }
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            // Only the last coding decides: chunked last frames the body, anything else runs to the close.
+            let last = field.value.rsplit(|b| *b == b',').next().unwrap_or_default().trim_ascii();
+            chunked = Some(last.eq_ignore_ascii_case(b"chunked"));
+        } else if name.eq_ignore_ascii_case(b"connection") {
+            for token in field.value.split(|b| *b == b',') {
+                let token = token.trim_ascii();
+                connection_close |= token.eq_ignore_ascii_case(b"close");
+                connection_keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+            }
+        }
+        fields.push(Field { name: range(name), value: range(field.value) });
+    }
+    // RFC 9112 §6.3: Transfer-Encoding wins over Content-Length; without either the body runs to the close.
+    let framing = match (chunked, lengths) {
+        (Some(true), _) => Framing::Chunked(Chunked::Size),
+        (Some(false), _) => Framing::UntilClose,
+        (None, Some(n)) => Framing::Length(n),
+        (None, None) => Framing::UntilClose,
+    };
+    let keep_alive = !connection_close && (version == Version::HTTP_11 || connection_keep_alive);
+    Ok(Parsed::Complete(Head { length, status, version, fields, framing, keep_alive }))
+}
+
+/// How a response body's end is known.
+#[derive(Debug)]
+enum Framing {
+    /// This many bytes still to come.
+    Length(u64),
+    Chunked(Chunked),
+    /// Whatever comes until the target closes.
+    UntilClose,
+    Ended,
+}
+
+impl Framing {
+    fn is_done(&self) -> bool {
+        matches!(self, Framing::Length(0) | Framing::Ended)
+    }
+}
+
+/// Where a chunked body's decoder stands.
+#[derive(Debug)]
+enum Chunked {
+    Size,
+    Data(u64),
+    /// The CRLF after a chunk's data.
+    DataEnd,
+    Trailers,
+}
+
+/// A response body read from its connection as it is polled.
+pub struct ResponseBody {
+    connection: Option<Box<Connection>>,
+    framing: Framing,
+    /// Set when the connection may carry another request once this body ends.
+    home: Option<(Home, Duration)>,
+    /// A failure to report at the next poll (see `fail`).
+    failure: Option<&'static str>,
+}
+
+impl std::fmt::Debug for ResponseBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseBody").field("framing", &self.framing).finish_non_exhaustive()
+    }
+}
+
+impl ResponseBody {
+    const EMPTY: ResponseBody = ResponseBody { connection: None, framing: Framing::Ended, home: None, failure: None };
+
+    /// The body has ended: the connection goes back for reuse when it can,
+    /// unless the target sent more than the response (which must never be
+    /// read as the next one).
+    fn release(&mut self) {
+        self.framing = Framing::Ended;
+        let connection = self.connection.take();
+        if let (Some(mut connection), Some((home, keep_for))) = (connection, self.home.take())
+            && connection.read.is_empty()
+        {
+            if connection.write.capacity() > WRITE_KEEP {
+                connection.write = Vec::new();
+            }
+            home.connections.put_idle(connection, keep_for);
+        }
+    }
+
+    /// Fails the body on the next poll, not this one: what was read before
+    /// the failure (the head, the first bytes) reaches the client first, since
+    /// hyper writes out what it has when a body is pending and drops it
+    /// unsent when the body fails. The client then learns of the loss by
+    /// the connection closing short of the announced end.
+    fn fail(&mut self, why: &'static str, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        self.framing = Framing::Ended;
+        self.connection = None;
+        self.home = None;
+        self.failure = Some(why);
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+
+    /// The next frame: data or trailers, `None` at the end.
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        if let Some(why) = self.failure.take() {
+            return Poll::Ready(Some(Err(BodyError::new(why))));
+        }
+        loop {
+            let Some(connection) = self.connection.as_mut() else {
+                self.framing = Framing::Ended;
+                return Poll::Ready(None);
+            };
+            let buffered = &mut connection.read;
+            let step = match &mut self.framing {
+                Framing::Ended => return Poll::Ready(None),
+                Framing::Length(0) => Step::End,
+                Framing::Length(left) if !buffered.is_empty() => {
+                    let n = (*left).min(buffered.len() as u64) as usize;
+                    *left -= n as u64;
+                    Step::Data(buffered.split_to(n).freeze())
+                }
+                Framing::UntilClose if !buffered.is_empty() => Step::Data(buffered.split().freeze()),
+                Framing::Chunked(state) => match decode_chunked(state, buffered) {
+                    Ok(step) => step,
+                    Err(why) => return self.fail(why, cx),
+                },
+                Framing::Length(_) | Framing::UntilClose => Step::Fill,
+            };
+            match step {
+                Step::Data(data) => {
+                    if matches!(self.framing, Framing::Length(0)) {
+                        self.release();
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Step::Trailers(trailers) => {
+                    self.release();
+                    return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+                }
+                Step::End => {
+                    self.release();
+                    return Poll::Ready(None);
+                }
+                Step::Fill => match ready!(connection.poll_fill(cx)) {
+                    Ok(0) if matches!(self.framing, Framing::UntilClose) => {
+                        // The close is this body's end; the connection is spent.
+                        self.home = None;
+                        self.release();
+                        return Poll::Ready(None);
+                    }
+                    Ok(0) => return self.fail("the target closed the connection before the end of the body", cx),
+                    Ok(_) => {}
+                    Err(_) => return self.fail("the connection failed before the end of the body", cx),
+                },
+            }
+        }
+    }
+}
+
+/// What the body decoder does next.
+enum Step {
+    Data(Bytes),
+    Trailers(HeaderMap),
+    End,
+    /// More bytes are needed from the socket.
+    Fill,
+}
+
+/// Decodes what `buffered` holds of a chunked body (RFC 9112 §7.1).
+fn decode_chunked(state: &mut Chunked, buffered: &mut BytesMut) -> Result<Step, &'static str> {
+    loop {
+        match state {
+            Chunked::Size => {
+                let Some(end) = buffered.iter().position(|b| *b == b'\n') else {
+                    return if buffered.len() > MAX_CHUNK_LINE {
+                        Err("chunk-size line too long")
+                    } else {
+                        Ok(Step::Fill)
+                    };
+                };
+                let size = chunk_size(&buffered[..end])?;
+                buffered.advance(end + 1);
+                *state = if size == 0 { Chunked::Trailers } else { Chunked::Data(size) };
+            }
+            Chunked::Data(left) => {
+                if buffered.is_empty() {
+                    return Ok(Step::Fill);
+                }
+                let n = (*left).min(buffered.len() as u64) as usize;
+                *left -= n as u64;
+                if *left == 0 {
+                    *state = Chunked::DataEnd;
+                }
+                return Ok(Step::Data(buffered.split_to(n).freeze()));
+            }
+            Chunked::DataEnd => match buffered.first() {
+                None => return Ok(Step::Fill),
+                Some(b'\n') => {
+                    buffered.advance(1);
+                    *state = Chunked::Size;
+                }
+                Some(b'\r') if buffered.len() < 2 => return Ok(Step::Fill),
+                Some(b'\r') if buffered[1] == b'\n' => {
+                    buffered.advance(2);
+                    *state = Chunked::Size;
+                }
+                Some(_) => return Err("chunk data longer than its size"),
+            },
+            Chunked::Trailers => {
+                if buffered.starts_with(b"\r\n") || buffered.starts_with(b"\n") {
+                    buffered.advance(if buffered[0] == b'\r' { 2 } else { 1 });
+                    return Ok(Step::End);
+                }
+                let mut slots = [httparse::EMPTY_HEADER; 32];
+                return match httparse::parse_headers(buffered, &mut slots) {
+                    Ok(httparse::Status::Complete((length, fields))) => {
+                        let mut trailers = HeaderMap::with_capacity(fields.len());
+                        for field in fields.iter() {
+                            let name =
+                                HeaderName::from_bytes(field.name.as_bytes()).map_err(|_| "invalid trailer field")?;
+                            let value = HeaderValue::from_bytes(field.value).map_err(|_| "invalid trailer field")?;
+                            trailers.append(name, value);
+                        }
+                        buffered.advance(length);
+                        Ok(Step::Trailers(trailers))
+                    }
+                    Ok(httparse::Status::Partial) if buffered.len() > MAX_TRAILERS => Err("trailers too large"),
+                    Ok(httparse::Status::Partial) => Ok(Step::Fill),
+                    Err(_) => Err("malformed trailers"),
+                };
+            }
+        }
+    }
+}
+
+/// A chunk-size line without its LF: hex digits, then optional extensions
+/// (`;name=value`, ignored but checked for control bytes), then an optional CR.
+fn chunk_size(line: &[u8]) -> Result<u64, &'static str> {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    if digits == 0 || digits > 15 {
+        return Err("bad chunk size");
+    }
+    let rest = line[digits..].trim_ascii_start();
+    if !(rest.is_empty() || rest[0] == b';') || rest.iter().any(|b| b.is_ascii_control() && *b != b'\t') {
+        return Err("bad chunk extension");
+    }
+    let mut size = 0u64;
+    for digit in &line[..digits] {
+        let value = (*digit as char).to_digit(16).ok_or("bad chunk size")?;
+        size = size * 16 + u64::from(value);
+    }
+    Ok(size)
+}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        self.get_mut().poll_next(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.failure.is_none() && self.framing.is_done()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        if self.failure.is_some() {
+            return SizeHint::default();
+        }
+        match self.framing {
+            Framing::Length(n) => SizeHint::with_exact(n),
+            Framing::Ended => SizeHint::with_exact(0),
+            _ => SizeHint::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode_all(wire: &[u8]) -> Result<(Vec<u8>, Option<HeaderMap>, usize), &'static str> {
+        let mut buffered = BytesMut::from(wire);
+        let mut state = Chunked::Size;
+        let mut data = Vec::new();
+        loop {
+            match decode_chunked(&mut state, &mut buffered)? {
+                Step::Data(bytes) => data.extend_from_slice(&bytes),
+                Step::Trailers(trailers) => return Ok((data, Some(trailers), buffered.len())),
+                Step::End => return Ok((data, None, buffered.len())),
+                Step::Fill => return Err("incomplete"),
+            }
+        }
+    }
+
+    #[test]
+    fn chunked_bodies_decode_and_bad_framing_is_refused() {
+        assert_eq!(decode_all(b"5\r\nhello\r\n0\r\n\r\n"), Ok((b"hello".to_vec(), None, 0)));
+        assert_eq!(decode_all(b"5;ext=1\r\nhello\r\n0\r\n\r\nleft"), Ok((b"hello".to_vec(), None, 4)));
+        assert_eq!(decode_all(b"A\nhellohello\n0\n\n"), Ok((b"hellohello".to_vec(), None, 0)));
+        let (_, trailers, _) = decode_all(b"1\r\nx\r\n0\r\ngrpc-status: 0\r\n\r\n").unwrap_or_default();
+        assert_eq!(trailers.unwrap_or_default()["grpc-status"], "0");
+        assert_eq!(decode_all(b"zz\r\nhello\r\n"), Err("bad chunk size"));
+        assert_eq!(decode_all(b"5 x\r\nhello\r\n"), Err("bad chunk extension"));
+        assert_eq!(decode_all(b"2\r\nhello\r\n"), Err("chunk data longer than its size"));
+        assert_eq!(decode_all(b"ffffffffffffffff0\r\n"), Err("bad chunk size"));
+        assert_eq!(decode_all(b"5\r\nhel"), Err("incomplete"));
+    }
+
+    fn head(wire: &str) -> Result<Head, &'static str> {
+        match parse_head(wire.as_bytes()) {
+            Ok(Parsed::Complete(head)) => Ok(head),
+            Ok(Parsed::Partial) => Err("partial"),
+            Err(ExchangeError::Invalid(why)) => Err(why),
+            Err(_) => Err("other"),
+        }
+    }
+
+    #[test]
+    fn response_heads_frame_their_bodies() {
+        let framing = |wire: &str| head(wire).map(|h| format!("{:?} keep-alive={}", h.framing, h.keep_alive));
+        assert_eq!(framing("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n").as_deref(), Ok("Length(5) keep-alive=true"));
+        assert_eq!(
+            framing("HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\n\r\n").as_deref(),
+            Ok("Length(5) keep-alive=true")
+        );
+        assert_eq!(
+            framing("HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n"),
+            Err("differing Content-Length values")
+        );
+        assert_eq!(framing("HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n"), Err("bad Content-Length"));
+        assert_eq!(
+            framing("HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n").as_deref(),
+            Ok("Chunked(Size) keep-alive=true")
+        );
+        assert_eq!(
+            framing("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n").as_deref(),
+            Ok("UntilClose keep-alive=true")
+        );
+        assert_eq!(
+            framing("HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 1\r\n\r\n").as_deref(),
+            Ok("Length(1) keep-alive=false")
+        );
+        assert_eq!(
+            framing("HTTP/1.0 200 OK\r\nContent-Length: 1\r\n\r\n").as_deref(),
+            Ok("Length(1) keep-alive=false")
+        );
+        assert_eq!(
+            framing("HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 1\r\n\r\n").as_deref(),
+            Ok("Length(1) keep-alive=true")
+        );
+        assert_eq!(framing("HTTP/1.1 200 OK\r\nX-Folded: a\r\n b\r\n\r\n"), Err("malformed response head"));
+        assert_eq!(framing("HTTP/1.1 200 OK\r\nContent-Len"), Err("partial"));
+    }
+}
