@@ -115,7 +115,7 @@ impl Connections {
     /// This worker's most recently used idle connection. `None` means the
     /// caller opens a new one, so another worker's spare is closed first
     /// (see [`Connections::retire_spare_elsewhere`]).
-    fn take_idle(&self) -> Option<Box<Connection>> {
+    pub(super) fn take_idle(&self) -> Option<Box<Connection>> {
         let here = self.local_index();
         let now = Instant::now();
         {

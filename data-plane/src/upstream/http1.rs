@@ -190,6 +190,7 @@ impl Connection {
             let mut progressed = false;
             if write_failed.is_none() {
                 // Frames that are ready now are gathered into one write.
+                let mut body_waiting = false;
                 while let Some(body) = sending.body.as_mut()
                     && self.write.len() < WRITE_HIGH_WATER
                 {
@@ -204,12 +205,17 @@ impl Connection {
                             sending.body = None;
                         }
                         Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(ExchangeError::RequestBody(e))),
-                        Poll::Pending => break,
+                        Poll::Pending => {
+                            body_waiting = true;
+                            break;
+                        }
                     }
                     progressed = true;
                 }
                 match self.poll_write_out(cx) {
-                    Poll::Ready(Ok(())) => {}
+                    // All out: more of the body, unless it is what we wait for
+                    // (the return to pending needs a waker on one of the two).
+                    Poll::Ready(Ok(())) => progressed |= sending.body.is_some() && !body_waiting,
                     Poll::Ready(Err(e)) => write_failed = Some(e),
                     Poll::Pending => {}
                 }
@@ -752,7 +758,145 @@ impl Body for ResponseBody {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use http_body_util::{BodyExt as _, StreamBody};
+    use sluice_proto::v1;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
     use super::*;
+    use crate::tls::CertificateSet;
+    use crate::upstream::UpstreamPool;
+
+    /// A connection to a loopback "target" (the far end of the socket,
+    /// which the test reads and writes by hand), and the target's pool
+    /// entry the connection goes back to.
+    async fn loopback() -> (Box<Connection>, TcpStream, Arc<Target>, Arc<UpstreamPool>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let near = TcpStream::connect(address).await.unwrap();
+        let (far, _) = listener.accept().await.unwrap();
+        let spec = v1::Upstream {
+            name: "u".into(),
+            targets: vec![v1::Target { url: format!("http://{address}"), weight: 1 }],
+            ..Default::default()
+        };
+        let pool = UpstreamPool::build(&spec, &CertificateSet::default(), None).unwrap();
+        (Connection::new(Io::Plain(near)), far, pool.targets()[0].clone(), pool)
+    }
+
+    fn get(path: &str) -> Request<RequestBody> {
+        let body = http_body_util::Empty::new().map_err(|never| match never {}).boxed();
+        let mut request = Request::get(path).body(body).unwrap();
+        request.headers_mut().insert(header::HOST, HeaderValue::from_static("t"));
+        request
+    }
+
+    /// Reads from the far end until `until` has arrived, returning all of it.
+    async fn read_until(far: &mut TcpStream, until: &[u8]) -> Vec<u8> {
+        let mut seen = Vec::new();
+        let mut chunk = vec![0u8; 64 * 1024];
+        loop {
+            let n = far.read(&mut chunk).await.unwrap();
+            assert_ne!(n, 0, "closed after {:?}", String::from_utf8_lossy(&seen));
+            seen.extend_from_slice(&chunk[..n]);
+            // Only the new bytes (and what `until` may straddle) are looked through.
+            let from = seen.len().saturating_sub(n + until.len());
+            if seen[from..].windows(until.len()).any(|w| w == until) {
+                return seen;
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connection_carries_one_exchange_after_another_and_goes_back_idle() {
+        let (connection, mut far, target, _pool) = loopback().await;
+        let exchange = tokio::spawn(connection.exchange(get("/one?x=1"), target.clone()));
+        let request = read_until(&mut far, b"\r\n\r\n").await;
+        assert_eq!(request, b"GET /one?x=1 HTTP/1.1\r\nhost: t\r\n\r\n");
+        far.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-Seen: yes\r\n\r\nhello").await.unwrap();
+        let response = exchange.await.unwrap().unwrap();
+        assert_eq!(response.headers()["x-seen"], "yes");
+        assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), "hello");
+
+        let connection = target.connections.take_idle().expect("back on the idle stack at the body's end");
+        let exchange = tokio::spawn(connection.exchange(get("/two"), target.clone()));
+        read_until(&mut far, b"GET /two HTTP/1.1\r\n").await;
+        far.write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n").await.unwrap();
+        let body = exchange.await.unwrap().unwrap().into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, "abc");
+        assert!(target.connections.take_idle().is_some(), "a chunked body's end frees it too");
+    }
+
+    #[tokio::test]
+    async fn bytes_past_the_response_or_a_close_keep_a_connection_from_reuse() {
+        let (connection, mut far, target, _pool) = loopback().await;
+        let exchange = tokio::spawn(connection.exchange(get("/"), target.clone()));
+        read_until(&mut far, b"\r\n\r\n").await;
+        far.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\n").await.unwrap();
+        let body = exchange.await.unwrap().unwrap().into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, "ok");
+        assert!(target.connections.take_idle().is_none(), "the extra bytes would answer the next request");
+
+        let (connection, mut far, target, _pool) = loopback().await;
+        let exchange = tokio::spawn(connection.exchange(get("/"), target.clone()));
+        read_until(&mut far, b"\r\n\r\n").await;
+        far.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await.unwrap();
+        exchange.await.unwrap().unwrap();
+        drop(far);
+        // The close reaches the socket before the idle connection is looked at again.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(target.connections.take_idle().is_none(), "a connection the target closed while idle is passed over");
+    }
+
+    #[tokio::test]
+    async fn an_upload_larger_than_the_socket_buffers_goes_out_whole() {
+        const SIZE: usize = 16 * 1024 * 1024;
+        let (connection, mut far, target, _pool) = loopback().await;
+        let frames =
+            (0..SIZE / (64 * 1024)).map(|_| Ok::<_, BoxError>(Frame::data(Bytes::from(vec![b'x'; 64 * 1024]))));
+        let body = StreamBody::new(futures_util::stream::iter(frames)).boxed();
+        let mut request = Request::put("/upload").body(body).unwrap();
+        request.headers_mut().insert(header::HOST, HeaderValue::from_static("t"));
+        let exchange = tokio::spawn(connection.exchange(request, target.clone()));
+        // A slow start fills the socket buffers, so writes wait for room.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let received = tokio::time::timeout(Duration::from_secs(10), async {
+            let mut received = read_until(&mut far, b"0\r\n\r\n").await.len();
+            received -= b"0\r\n\r\n".len();
+            far.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n").await.unwrap();
+            received
+        })
+        .await
+        .expect("the whole upload arrives");
+        assert!(received > SIZE, "{received} bytes with the chunk framing, for {SIZE} of body");
+        let response = exchange.await.unwrap().unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert!(target.connections.take_idle().is_some());
+    }
+
+    #[tokio::test]
+    async fn an_answer_before_the_whole_upload_is_heard_and_the_connection_dropped() {
+        let (connection, mut far, target, _pool) = loopback().await;
+        // An upload that never ends: the target answers without reading it.
+        let (sender, receiver) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, BoxError>>(1);
+        let body = StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(receiver)).boxed();
+        let mut request = Request::post("/upload").body(body).unwrap();
+        request.headers_mut().insert(header::HOST, HeaderValue::from_static("t"));
+        let feeder = tokio::spawn(async move {
+            while sender.send(Ok(Frame::data(Bytes::from(vec![b'x'; 64 * 1024])))).await.is_ok() {}
+        });
+        let exchange = tokio::spawn(connection.exchange(request, target.clone()));
+        let head = read_until(&mut far, b"\r\n\r\n").await;
+        assert!(head.starts_with(b"POST /upload HTTP/1.1\r\n"));
+        assert!(head.windows(26).any(|w| w == b"transfer-encoding: chunked"), "no length known: chunked");
+        far.write_all(b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 0\r\n\r\n").await.unwrap();
+        let response =
+            tokio::time::timeout(Duration::from_secs(5), exchange).await.expect("heard before the upload ends");
+        assert_eq!(response.unwrap().unwrap().status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert!(target.connections.take_idle().is_none(), "half an upload is on the connection");
+        feeder.abort();
+    }
 
     fn decode_all(wire: &[u8]) -> Result<(Vec<u8>, Option<HeaderMap>, usize), &'static str> {
         let mut buffered = BytesMut::from(wire);
