@@ -24,6 +24,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use hyper_util::rt::TokioIo;
+use smallvec::SmallVec;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_util::io::poll_read_buf;
@@ -285,7 +286,8 @@ impl Connection {
         let mut response = Response::new(ResponseBody::EMPTY);
         *response.status_mut() = head.status;
         *response.version_mut() = head.version;
-        let mut headers = HeaderMap::with_capacity(head.fields.len());
+        // Room for what the proxy adds (`Via`, the request ID) without growing the map.
+        let mut headers = HeaderMap::with_capacity(head.fields.len() + 2);
         for field in &head.fields {
             // Both were checked by `parse_head`.
             if let (Ok(name), Ok(value)) = (
@@ -420,7 +422,8 @@ struct Head {
     length: usize,
     status: StatusCode,
     version: Version,
-    fields: Vec<Field>,
+    /// Inline for a usual head: a heap allocation per response for nothing else.
+    fields: SmallVec<[Field; 24]>,
     framing: Framing,
     keep_alive: bool,
 }
@@ -453,7 +456,7 @@ fn parse_head(buffer: &[u8]) -> Result<Parsed, ExchangeError> {
         let start = slice.as_ptr() as usize - base;
         (start, start + slice.len())
     };
-    let mut fields = Vec::with_capacity(response.headers.len());
+    let mut fields = SmallVec::new();
     let mut lengths = None::<u64>;
     let mut chunked = None::<bool>;
     let mut connection_close = false;
