@@ -179,7 +179,7 @@ impl Connection {
         // request half sent: the connection cannot carry another.
         let reusable = head.keep_alive && sending.body.is_none() && self.write.is_empty();
         drop(sending);
-        Ok(self.into_response(head, head_request, reusable, home))
+        self.into_response(head, head_request, reusable, home)
     }
 
     /// Writes the request while reading for the response head, so a target
@@ -281,7 +281,7 @@ impl Connection {
         head_request: bool,
         reusable: bool,
         home: Home,
-    ) -> Response<ResponseBody> {
+    ) -> Result<Response<ResponseBody>, ExchangeError> {
         let bytes = self.read.split_to(head.length).freeze();
         let mut response = Response::new(ResponseBody::EMPTY);
         *response.status_mut() = head.status;
@@ -289,13 +289,14 @@ impl Connection {
         // Room for what the proxy adds (`Via`, the request ID) without growing the map.
         let mut headers = HeaderMap::with_capacity(head.fields.len() + 2);
         for field in &head.fields {
-            // Both were checked by `parse_head`.
-            if let (Ok(name), Ok(value)) = (
-                HeaderName::from_bytes(&bytes[field.name.0..field.name.1]),
-                HeaderValue::from_maybe_shared(bytes.slice(field.value.0..field.value.1)),
-            ) {
-                headers.append(name, value);
-            }
+            // httparse has held names to the token grammar and values to
+            // visible characters, spaces and tabs, as these check again.
+            let name = HeaderName::from_bytes(&bytes[field.name.0..field.name.1]);
+            let value = HeaderValue::from_maybe_shared(bytes.slice(field.value.0..field.value.1));
+            match (name, value) {
+                (Ok(name), Ok(value)) => headers.append(name, value),
+                _ => return Err(ExchangeError::Invalid("invalid header field")),
+            };
         }
         let framing =
             if head_request || head.status == StatusCode::NO_CONTENT || head.status == StatusCode::NOT_MODIFIED {
@@ -312,7 +313,7 @@ impl Connection {
             body.release();
         }
         *response.body_mut() = body;
-        response
+        Ok(response)
     }
 }
 
@@ -463,10 +464,6 @@ fn parse_head(buffer: &[u8]) -> Result<Parsed, ExchangeError> {
     let mut connection_keep_alive = false;
     for field in response.headers.iter() {
         let name = field.name.as_bytes();
-        // Both are checked now, so building the header map later cannot fail.
-        if HeaderName::from_bytes(name).is_err() || HeaderValue::from_bytes(field.value).is_err() {
-            return Err(ExchangeError::Invalid("invalid header field"));
-        }
         if name.eq_ignore_ascii_case(b"content-length") {
             for value in field.value.split(|b| *b == b',') {
                 let value = value.trim_ascii();
