@@ -173,7 +173,8 @@ impl Connection {
         let (parts, body) = request.into_parts();
         let outgoing = encode_head(&mut self.write, &parts.method, &parts.uri, &parts.headers, &body);
         let head_request = parts.method == Method::HEAD;
-        let mut sending = Sending { body: (!matches!(outgoing, Outgoing::Done)).then_some(body), framing: outgoing };
+        let body = (!matches!(outgoing, Outgoing::Done)).then_some(body);
+        let mut sending = Sending { body, framing: outgoing, write_failed: None };
         let head = std::future::poll_fn(|cx| self.poll_exchange(cx, &mut sending)).await?;
         // A response that came before the request was all out leaves the
         // request half sent: the connection cannot carry another.
@@ -186,10 +187,9 @@ impl Connection {
     /// that answers before the whole body (a 413, a 401) is heard rather
     /// than deadlocked against.
     fn poll_exchange(&mut self, cx: &mut Context<'_>, sending: &mut Sending) -> Poll<Result<Head, ExchangeError>> {
-        let mut write_failed = None;
         loop {
             let mut progressed = false;
-            if write_failed.is_none() {
+            if sending.write_failed.is_none() {
                 // Frames that are ready now are gathered into one write.
                 let mut body_waiting = false;
                 while let Some(body) = sending.body.as_mut()
@@ -217,7 +217,7 @@ impl Connection {
                     // All out: more of the body, unless it is what we wait for
                     // (the return to pending needs a waker on one of the two).
                     Poll::Ready(Ok(())) => progressed |= sending.body.is_some() && !body_waiting,
-                    Poll::Ready(Err(e)) => write_failed = Some(e),
+                    Poll::Ready(Err(e)) => sending.write_failed = Some(e),
                     Poll::Pending => {}
                 }
             }
@@ -228,7 +228,7 @@ impl Connection {
                 Poll::Ready(Err(e)) => {
                     // The target closing on a request it did not read whole
                     // is reported as the write's failure, the first cause.
-                    let e = match (e, write_failed) {
+                    let e = match (e, sending.write_failed.take()) {
                         (ExchangeError::NoResponse(_), Some(write)) => ExchangeError::NoResponse(write),
                         (e, _) => e,
                     };
@@ -248,7 +248,7 @@ impl Connection {
         loop {
             if !self.read.is_empty() {
                 match parse_head(&self.read)? {
-                    Parsed::Complete(head) if head.status.is_informational() => {
+                    Some(head) if head.status.is_informational() => {
                         // 101 is never asked for here (upgrades go through hyper).
                         if head.status == StatusCode::SWITCHING_PROTOCOLS {
                             return Poll::Ready(Err(ExchangeError::Invalid("101 to a request without Upgrade")));
@@ -256,11 +256,11 @@ impl Connection {
                         self.read.advance(head.length);
                         return Poll::Ready(Ok(None));
                     }
-                    Parsed::Complete(head) => return Poll::Ready(Ok(Some(head))),
-                    Parsed::Partial if self.read.len() >= MAX_HEAD => {
+                    Some(head) => return Poll::Ready(Ok(Some(head))),
+                    None if self.read.len() >= MAX_HEAD => {
                         return Poll::Ready(Err(ExchangeError::Invalid("response head too large")));
                     }
-                    Parsed::Partial => {}
+                    None => {}
                 }
             }
             let started = !self.read.is_empty();
@@ -324,6 +324,9 @@ pub(super) type Home = std::sync::Arc<Target>;
 struct Sending {
     body: Option<RequestBody>,
     framing: Outgoing,
+    /// Why the request could not be written whole: nothing more is sent,
+    /// and the target may still answer.
+    write_failed: Option<io::Error>,
 }
 
 /// How a request body is framed.
@@ -435,17 +438,13 @@ struct Field {
     value: (usize, usize),
 }
 
-enum Parsed {
-    Complete(Head),
-    Partial,
-}
-
-fn parse_head(buffer: &[u8]) -> Result<Parsed, ExchangeError> {
+/// `None` while the head is incomplete.
+fn parse_head(buffer: &[u8]) -> Result<Option<Head>, ExchangeError> {
     let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut response = httparse::Response::new(&mut slots);
     let length = match response.parse(buffer) {
         Ok(httparse::Status::Complete(length)) => length,
-        Ok(httparse::Status::Partial) => return Ok(Parsed::Partial),
+        Ok(httparse::Status::Partial) => return Ok(None),
         Err(httparse::Error::TooManyHeaders) => return Err(ExchangeError::Invalid("too many header fields")),
         Err(_) => return Err(ExchangeError::Invalid("malformed response head")),
     };
@@ -500,7 +499,7 @@ fn parse_head(buffer: &[u8]) -> Result<Parsed, ExchangeError> {
         (None, None) => Framing::UntilClose,
     };
     let keep_alive = !connection_close && (version == Version::HTTP_11 || connection_keep_alive);
-    Ok(Parsed::Complete(Head { length, status, version, fields, framing, keep_alive }))
+    Ok(Some(Head { length, status, version, fields, framing, keep_alive }))
 }
 
 /// How a response body's end is known.
@@ -928,8 +927,8 @@ mod tests {
 
     fn head(wire: &str) -> Result<Head, &'static str> {
         match parse_head(wire.as_bytes()) {
-            Ok(Parsed::Complete(head)) => Ok(head),
-            Ok(Parsed::Partial) => Err("partial"),
+            Ok(Some(head)) => Ok(head),
+            Ok(None) => Err("partial"),
             Err(ExchangeError::Invalid(why)) => Err(why),
             Err(_) => Err("other"),
         }
