@@ -24,7 +24,6 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use hyper_util::rt::TokioIo;
-use smallvec::SmallVec;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_util::io::poll_read_buf;
@@ -117,6 +116,10 @@ pub(super) struct Connection {
     /// The request head and body bytes not written yet, from `written` on.
     write: Vec<u8>,
     written: usize,
+    /// Where the last response head's fields are in `read`. Kept with the
+    /// connection, not in the head: no allocation per response, and a head
+    /// small enough to move cheaply through the polls that return it.
+    fields: Vec<Field>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -127,7 +130,7 @@ impl std::fmt::Debug for Connection {
 
 impl Connection {
     pub(super) fn new(io: Io) -> Box<Self> {
-        Box::new(Connection { io, read: BytesMut::new(), write: Vec::new(), written: 0 })
+        Box::new(Connection { io, read: BytesMut::new(), write: Vec::new(), written: 0, fields: Vec::new() })
     }
 
     /// Whether an idle connection may carry a request: the target has not
@@ -247,7 +250,7 @@ impl Connection {
     fn poll_head(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Head>, ExchangeError>> {
         loop {
             if !self.read.is_empty() {
-                match parse_head(&self.read)? {
+                match parse_head(&self.read, &mut self.fields)? {
                     Some(head) if head.status.is_informational() => {
                         // 101 is never asked for here (upgrades go through hyper).
                         if head.status == StatusCode::SWITCHING_PROTOCOLS {
@@ -287,8 +290,8 @@ impl Connection {
         *response.status_mut() = head.status;
         *response.version_mut() = head.version;
         // Room for what the proxy adds (`Via`, the request ID) without growing the map.
-        let mut headers = HeaderMap::with_capacity(head.fields.len() + 2);
-        for field in &head.fields {
+        let mut headers = HeaderMap::with_capacity(self.fields.len() + 2);
+        for field in &self.fields {
             // httparse has held names to the token grammar and values to
             // visible characters, spaces and tabs, as these check again.
             let name = HeaderName::from_bytes(&bytes[field.name.0..field.name.1]);
@@ -421,13 +424,11 @@ fn encode_head(
     outgoing
 }
 
-/// A parsed response head: where its fields are in the read buffer, and what frames its body.
+/// A parsed response head: its length in the read buffer and what frames its body (its fields are in `Connection::fields`).
 struct Head {
     length: usize,
     status: StatusCode,
     version: Version,
-    /// Inline for a usual head: a heap allocation per response for nothing else.
-    fields: SmallVec<[Field; 24]>,
     framing: Framing,
     keep_alive: bool,
 }
@@ -438,8 +439,9 @@ struct Field {
     value: (usize, usize),
 }
 
-/// `None` while the head is incomplete.
-fn parse_head(buffer: &[u8]) -> Result<Option<Head>, ExchangeError> {
+/// `None` while the head is incomplete. Where the header fields are goes
+/// into `fields`.
+fn parse_head(buffer: &[u8], fields: &mut Vec<Field>) -> Result<Option<Head>, ExchangeError> {
     let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut response = httparse::Response::new(&mut slots);
     let length = match response.parse(buffer) {
@@ -456,7 +458,7 @@ fn parse_head(buffer: &[u8]) -> Result<Option<Head>, ExchangeError> {
         let start = slice.as_ptr() as usize - base;
         (start, start + slice.len())
     };
-    let mut fields = SmallVec::new();
+    fields.clear();
     let mut lengths = None::<u64>;
     let mut chunked = None::<bool>;
     let mut connection_close = false;
@@ -499,7 +501,7 @@ fn parse_head(buffer: &[u8]) -> Result<Option<Head>, ExchangeError> {
         (None, None) => Framing::UntilClose,
     };
     let keep_alive = !connection_close && (version == Version::HTTP_11 || connection_keep_alive);
-    Ok(Some(Head { length, status, version, fields, framing, keep_alive }))
+    Ok(Some(Head { length, status, version, framing, keep_alive }))
 }
 
 /// How a response body's end is known.
@@ -926,7 +928,7 @@ mod tests {
     }
 
     fn head(wire: &str) -> Result<Head, &'static str> {
-        match parse_head(wire.as_bytes()) {
+        match parse_head(wire.as_bytes(), &mut Vec::new()) {
             Ok(Some(head)) => Ok(head),
             Ok(None) => Err("partial"),
             Err(ExchangeError::Invalid(why)) => Err(why),
