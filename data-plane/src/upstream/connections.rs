@@ -22,10 +22,11 @@ use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
+use tokio_util::either::Either;
 use tower_service::Service as _;
 
 use super::Target;
-use super::http1::{Connection, ExchangeError, Io};
+use super::http1::{Connection, ExchangeError};
 use crate::base::worker;
 use crate::base::{BodyError, ProxyBody, RequestBody, error_chain};
 
@@ -309,8 +310,8 @@ impl Dialer {
         // Unwrapped, so a plain target's connection does not carry room for
         // a TLS session (about a kilobyte per open connection).
         let io = match self.connect(origin, timeout).await? {
-            MaybeHttpsStream::Http(tcp) => Io::Plain(tcp.into_inner()),
-            MaybeHttpsStream::Https(tls) => Io::Tls(Box::new(tls.into_inner())),
+            MaybeHttpsStream::Http(tcp) => Either::Left(tcp.into_inner()),
+            MaybeHttpsStream::Https(tls) => Either::Right(Box::new(tls.into_inner())),
         };
         Ok(Connection::new(io))
     }
@@ -379,7 +380,7 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let near = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
         let (far, _) = listener.accept().await.unwrap();
-        (Connection::new(Io::Plain(near)), far)
+        (Connection::new(Either::Left(near)), far)
     }
 
     fn idle(connection: Box<Connection>, since: Instant) -> IdleConnection {

@@ -24,8 +24,9 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
+use tokio_util::either::Either;
 use tokio_util::io::poll_read_buf;
 
 use super::Target;
@@ -45,42 +46,9 @@ const WRITE_HIGH_WATER: usize = 64 * 1024;
 /// A write buffer grown past this by a large upload is not kept while idle.
 const WRITE_KEEP: usize = 16 * 1024;
 
-/// The byte stream under a connection: TCP, or TLS over TCP.
-pub(super) enum Io {
-    Plain(TcpStream),
-    /// Boxed: a TLS session is kilobytes, a plain connection should not carry its room.
-    Tls(Box<tokio_rustls::client::TlsStream<TokioIo<TokioIo<TcpStream>>>>),
-}
-
-impl AsyncRead for Io {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Io::Plain(tcp) => Pin::new(tcp).poll_read(cx, buf),
-            Io::Tls(tls) => Pin::new(tls.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for Io {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Io::Plain(tcp) => Pin::new(tcp).poll_write(cx, buf),
-            Io::Tls(tls) => Pin::new(tls.as_mut()).poll_write(cx, buf),
-        }
-    }
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Io::Plain(tcp) => Pin::new(tcp).poll_flush(cx),
-            Io::Tls(tls) => Pin::new(tls.as_mut()).poll_flush(cx),
-        }
-    }
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Io::Plain(tcp) => Pin::new(tcp).poll_shutdown(cx),
-            Io::Tls(tls) => Pin::new(tls.as_mut()).poll_shutdown(cx),
-        }
-    }
-}
+/// The byte stream under a connection: TCP, or TLS over TCP (boxed: a TLS
+/// session is kilobytes, a plain connection should not carry its room).
+pub(super) type Io = Either<TcpStream, Box<tokio_rustls::client::TlsStream<TokioIo<TokioIo<TcpStream>>>>>;
 
 /// Why an exchange got no usable response.
 #[derive(Debug, thiserror::Error)]
@@ -182,7 +150,6 @@ impl Connection {
         // A response that came before the request was all out leaves the
         // request half sent: the connection cannot carry another.
         let reusable = head.keep_alive && sending.body.is_none() && self.write.is_empty();
-        drop(sending);
         self.into_response(head, head_request, reusable, home)
     }
 
@@ -286,9 +253,6 @@ impl Connection {
         home: Home,
     ) -> Result<Response<ResponseBody>, ExchangeError> {
         let bytes = self.read.split_to(head.length).freeze();
-        let mut response = Response::new(ResponseBody::EMPTY);
-        *response.status_mut() = head.status;
-        *response.version_mut() = head.version;
         // Room for what the proxy adds (`Via`, the request ID) without growing the map.
         let mut headers = HeaderMap::with_capacity(self.fields.len() + 2);
         for field in &self.fields {
@@ -308,14 +272,16 @@ impl Connection {
                 head.framing
             };
         let keep_for = super::connections::idle_limit(&headers);
-        *response.headers_mut() = headers;
         let reusable = reusable && !matches!(framing, Framing::UntilClose);
         let mut body =
             ResponseBody { connection: Some(self), framing, home: reusable.then_some((home, keep_for)), failure: None };
         if body.framing.is_done() {
             body.release();
         }
-        *response.body_mut() = body;
+        let mut response = Response::new(body);
+        *response.status_mut() = head.status;
+        *response.version_mut() = head.version;
+        *response.headers_mut() = headers;
         Ok(response)
     }
 }
@@ -467,18 +433,17 @@ fn parse_head(buffer: &[u8], fields: &mut Vec<Field>) -> Result<Option<Head>, Ex
         let name = field.name.as_bytes();
         if name.eq_ignore_ascii_case(b"content-length") {
             for value in field.value.split(|b| *b == b',') {
+                // Digits only: `parse` would also take a sign.
                 let value = value.trim_ascii();
-                if value.is_empty() || !value.iter().all(u8::is_ascii_digit) || value.len() > 19 {
-                    return Err(ExchangeError::Invalid("bad Content-Length"));
+                let n = std::str::from_utf8(value)
+                    .ok()
+                    .filter(|_| value.iter().all(u8::is_ascii_digit))
+                    .and_then(|digits| digits.parse::<u64>().ok())
+                    .ok_or(ExchangeError::Invalid("bad Content-Length"))?;
+                if lengths.is_some_and(|seen| seen != n) {
+                    return Err(ExchangeError::Invalid("differing Content-Length values"));
                 }
-                let parsed = std::str::from_utf8(value).ok().and_then(|v| v.parse::<u64>().ok());
-                match (lengths, parsed) {
-                    (_, None) => return Err(ExchangeError::Invalid("bad Content-Length")),
-                    (Some(seen), Some(n)) if seen != n => {
-                        return Err(ExchangeError::Invalid("differing Content-Length values"));
-                    }
-                    (_, Some(n)) => lengths = Some(n),
-                }
+                lengths = Some(n);
             }
         } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
             // Only the last coding decides: chunked last frames the body, anything else runs to the close.
@@ -548,8 +513,6 @@ impl std::fmt::Debug for ResponseBody {
 }
 
 impl ResponseBody {
-    const EMPTY: ResponseBody = ResponseBody { connection: None, framing: Framing::Ended, home: None, failure: None };
-
     /// The body has ended: the connection goes back for reuse when it can,
     /// unless the target sent more than the response (which must never be
     /// read as the next one).
@@ -783,7 +746,7 @@ mod tests {
             ..Default::default()
         };
         let pool = UpstreamPool::build(&spec, &CertificateSet::default(), None).unwrap();
-        (Connection::new(Io::Plain(near)), far, pool.targets()[0].clone(), pool)
+        (Connection::new(Either::Left(near)), far, pool.targets()[0].clone(), pool)
     }
 
     fn get(path: &str) -> Request<RequestBody> {
@@ -938,38 +901,28 @@ mod tests {
 
     #[test]
     fn response_heads_frame_their_bodies() {
-        let framing = |wire: &str| head(wire).map(|h| format!("{:?} keep-alive={}", h.framing, h.keep_alive));
-        assert_eq!(framing("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n").as_deref(), Ok("Length(5) keep-alive=true"));
-        assert_eq!(
-            framing("HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\n\r\n").as_deref(),
-            Ok("Length(5) keep-alive=true")
-        );
-        assert_eq!(
-            framing("HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n"),
-            Err("differing Content-Length values")
-        );
-        assert_eq!(framing("HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n"), Err("bad Content-Length"));
-        assert_eq!(
-            framing("HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n").as_deref(),
-            Ok("Chunked(Size) keep-alive=true")
-        );
-        assert_eq!(
-            framing("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n").as_deref(),
-            Ok("UntilClose keep-alive=true")
-        );
-        assert_eq!(
-            framing("HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 1\r\n\r\n").as_deref(),
-            Ok("Length(1) keep-alive=false")
-        );
-        assert_eq!(
-            framing("HTTP/1.0 200 OK\r\nContent-Length: 1\r\n\r\n").as_deref(),
-            Ok("Length(1) keep-alive=false")
-        );
-        assert_eq!(
-            framing("HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 1\r\n\r\n").as_deref(),
-            Ok("Length(1) keep-alive=true")
-        );
-        assert_eq!(framing("HTTP/1.1 200 OK\r\nX-Folded: a\r\n b\r\n\r\n"), Err("malformed response head"));
-        assert_eq!(framing("HTTP/1.1 200 OK\r\nContent-Len"), Err("partial"));
+        let cases: [(&str, Result<&str, &str>); 11] = [
+            ("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", Ok("Length(5) keep-alive=true")),
+            ("HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\n\r\n", Ok("Length(5) keep-alive=true")),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+                Err("differing Content-Length values"),
+            ),
+            ("HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", Err("bad Content-Length")),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+                Ok("Chunked(Size) keep-alive=true"),
+            ),
+            ("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", Ok("UntilClose keep-alive=true")),
+            ("HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 1\r\n\r\n", Ok("Length(1) keep-alive=false")),
+            ("HTTP/1.0 200 OK\r\nContent-Length: 1\r\n\r\n", Ok("Length(1) keep-alive=false")),
+            ("HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 1\r\n\r\n", Ok("Length(1) keep-alive=true")),
+            ("HTTP/1.1 200 OK\r\nX-Folded: a\r\n b\r\n\r\n", Err("malformed response head")),
+            ("HTTP/1.1 200 OK\r\nContent-Len", Err("partial")),
+        ];
+        for (wire, want) in cases {
+            let framing = head(wire).map(|h| format!("{:?} keep-alive={}", h.framing, h.keep_alive));
+            assert_eq!(framing.as_deref().map_err(|e| *e), want, "{wire:?}");
+        }
     }
 }
