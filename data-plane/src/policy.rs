@@ -29,7 +29,7 @@ use sluice_proto::v1::policy::Kind;
 pub use auth::X_CONSUMER_USERNAME;
 pub use rejection::Rejection;
 
-use crate::base::{ProxyBody, ProxyError, RequestBody, full_body};
+use crate::base::{BodyStatus, ProxyBody, ProxyError, RequestBody, full_body};
 use crate::openapi::{self, SpecValidator, ValidationFailure};
 use auth::Authentication;
 pub use auth::ConsumerTags;
@@ -59,6 +59,19 @@ impl PolicyContext {
     pub fn local() -> Self {
         Self::default()
     }
+}
+
+/// What the policy chain needs to know of a request beside the request itself.
+#[derive(Clone, Copy)]
+pub struct RequestContext<'a> {
+    /// The request's path, for problem details and response validation: a
+    /// copy, as the request's own URI shares the client connection's read buffer.
+    pub instance: &'a str,
+    /// Goes in every problem body and log line of the request.
+    pub request_id: &'a str,
+    pub client_ip: IpAddr,
+    /// How the client's body is arriving (`proxy::client_body`); `None` for a request without one.
+    pub body: Option<&'a BodyStatus>,
 }
 
 /// One API's compiled policies. One slot per kind: validation allows at most
@@ -202,19 +215,13 @@ impl PolicyChain {
     /// The request path through the policies, in a fixed order whatever order
     /// the API lists them in; `forward` sends the request upstream. A policy
     /// that refuses answers with problem details, and the upstream sees
-    /// nothing. `instance` is the request's path, for problem details and
-    /// response validation: a copy, as the request's own URI shares the
-    /// client connection's read buffer. `request_id` goes in every problem
-    /// body and log line of the request. `consumer` is set once authentication
-    /// has named one (for the access log), even if a later policy refuses the
-    /// request.
+    /// nothing. `consumer` is set once authentication has named one (for the
+    /// access log), even if a later policy refuses the request.
     #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see proxy::handle)")]
     pub fn apply<F, Fut>(
         &self,
         mut request: Request<RequestBody>,
-        instance: &str,
-        request_id: &str,
-        client_ip: IpAddr,
+        context: RequestContext<'_>,
         consumer: &mut Option<Arc<str>>,
         forward: F,
     ) -> impl Future<Output = Result<Response<ProxyBody>, ProxyError>>
@@ -222,10 +229,10 @@ impl PolicyChain {
         F: FnOnce(Request<RequestBody>) -> Fut,
         Fut: Future<Output = Result<Response<ProxyBody>, ProxyError>>,
     {
+        let RequestContext { instance, request_id, client_ip, body } = context;
         async move {
             if self.is_empty() {
-                // No policy names a consumer, so a client-sent one never passes.
-                request.headers_mut().remove(X_CONSUMER_USERNAME);
+                // A client-sent X-Consumer-Username is already gone (`proxy::inbound`).
                 return forward(request).await;
             }
             let method = request.method().clone();
@@ -241,7 +248,7 @@ impl PolicyChain {
                 // 2. IP restriction: the cheapest refusal, it reads nothing of the request.
                 self.check_ip(client_ip)?;
                 // 3. Size limit: by Content-Length before a body byte is read; else counted while streaming.
-                let body_limit = BodyLimit::apply(self.size_limit.as_ref(), &mut request)?;
+                let body_limit = BodyLimit::apply(self.size_limit.as_ref(), &mut request, body)?;
                 // 4. Authentication: names the consumer that the rate limit and the upstream need. A client
                 //    that failed it too often is refused here, before any credential is checked.
                 *consumer = self.auth.authenticate(&mut request, client_ip).await?;
@@ -388,5 +395,6 @@ impl BodyLimit {
 fn apply_is_send(chain: &PolicyChain, request: Request<RequestBody>, consumer: &mut Option<Arc<str>>) {
     fn send<T: Send>(_: T) {}
     let forward = |_| async { Err::<Response<ProxyBody>, _>(ProxyError::NotReady) };
-    send(chain.apply(request, "/", "-", IpAddr::from([127, 0, 0, 1]), consumer, forward));
+    let context = RequestContext { instance: "/", request_id: "-", client_ip: IpAddr::from([127, 0, 0, 1]), body: None };
+    send(chain.apply(request, context, consumer, forward));
 }

@@ -33,7 +33,8 @@ pub use inbound::{DEFAULT_HEADER_LIMITS, HeaderLimits};
 pub use log::LoggedBody;
 pub use tls_server::{TlsSetupError, tls_server_config};
 
-use crate::base::{BodyStatus, Origin, ProxyBody, ProxyError};
+use crate::base::{Origin, ProxyBody, ProxyError};
+use crate::policy::RequestContext;
 use crate::routing::{CompiledApi, RouteMiss, RoutingTable, TableStore};
 use crate::trace::Tracer;
 use balance::Seat;
@@ -290,7 +291,7 @@ fn route_and_forward<'a>(
         let canonical = inbound::canonicalize_path(&mut request, exchange)?;
         // Before any policy: hop-by-hop headers, and those a client may not
         // send, are gone before auth or header rules set theirs.
-        let taken =
+        let mut taken =
             inbound::clean_headers(request.headers_mut(), &shared.options.headers, &shared.options.request_id_header)?;
         let host = inbound::request_host(&request)?;
         let host = host.as_ref().map(|host| host.name.as_ref());
@@ -321,21 +322,23 @@ fn route_and_forward<'a>(
             },
         };
         let raw_path = canonical.raw.filter(|_| api.forward_raw_path);
-        inbound::restore_upgrade(request.headers_mut(), taken.upgrade, api.allow_h2c_upgrade);
+        taken.upgrade = taken.upgrade.and_then(|upgrade| upgrade.allowed(api.allow_h2c_upgrade));
         exchange.api = Some(api.clone());
         // From here the body may be wrapped by policies (size limit, buffering), which must be able to fail it;
         // its time is bounded and its end watched whoever reads it.
         let started = tokio::time::Instant::from_std(exchange.started);
-        let request = client_body::watch(request, shared.options.client_body_timeout, started);
-        exchange.request_body = request.extensions().get::<BodyStatus>().cloned();
+        let (request, body) = client_body::watch(request, shared.options.client_body_timeout, started);
+        exchange.request_body = body.clone();
         let (api, options) = (api.as_ref(), &shared.options);
         let mut consumer = None;
         let (path, request_id) = (exchange.path.clone(), exchange.request_id);
+        let context =
+            RequestContext { instance: &path, request_id: request_id.as_str(), client_ip: peer.ip, body: body.as_ref() };
         let result = {
             let exchange = &mut *exchange;
             api.policies
-                .apply(request, &path, request_id.as_str(), peer.ip, &mut consumer, move |request| {
-                    forward::forward(api, request, raw_path, taken.trailers, peer, options, exchange)
+                .apply(request, context, &mut consumer, move |request| {
+                    forward::forward(api, request, raw_path, taken, peer, options, exchange)
                 })
                 .await
         };

@@ -296,14 +296,16 @@ impl UpstreamPool {
 
     /// Sends a request to one of this pool's targets, on a kept-open
     /// connection when there is one. The URI is origin-form for HTTP/1.1
-    /// (with a `Host` header), absolute for HTTP/2.
+    /// (with a `Host` header), absolute for HTTP/2. `upgrade`: the request
+    /// asks to switch protocols (its headers say which).
     pub fn send(
         &self,
         target: &Arc<Target>,
         request: Request<RequestBody>,
         connect_timeout: Duration,
+        upgrade: bool,
     ) -> impl Future<Output = Result<Response<ProxyBody>, SendError>> {
-        self.dialer.send(target, request, connect_timeout)
+        self.dialer.send(target, request, connect_timeout, upgrade)
     }
 
     /// Picks a target for an attempt of a request (and marks it `tried`):

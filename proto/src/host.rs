@@ -56,14 +56,24 @@ pub fn canonical_host(raw: &str) -> Result<CanonicalHost<'_>, HostError> {
     if name.is_empty() || name.len() > MAX_NAME_LEN {
         return Err(HostError::BadName);
     }
-    // Labels of letters, digits, `-` and `_` (found in internal names), none empty.
-    let valid = name
-        .split('.')
-        .all(|label| !label.is_empty() && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
-    if !valid {
+    // Labels of letters, digits, `-` and `_` (found in internal names), none
+    // empty: one pass over the bytes, as every request's host comes here.
+    let (mut label, mut upper) = (0usize, false);
+    for b in name.bytes() {
+        match b {
+            b'.' if label == 0 => return Err(HostError::BadName),
+            b'.' => label = 0,
+            b if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' => {
+                label += 1;
+                upper |= b.is_ascii_uppercase();
+            }
+            _ => return Err(HostError::BadName),
+        }
+    }
+    if label == 0 {
         return Err(HostError::BadName);
     }
-    let name = if name.bytes().any(|b| b.is_ascii_uppercase()) {
+    let name = if upper {
         Cow::Owned(name.to_ascii_lowercase())
     } else {
         Cow::Borrowed(name)

@@ -59,7 +59,9 @@ pub fn full_body_request(bytes: Bytes) -> RequestBody {
 /// malformed chunk, the body timeout), the size limit marks it too large,
 /// and the forward reads it to tell a failure the client caused from one
 /// the upstream caused (only the latter counts against the target's health).
-/// Carried in the request's extensions, and only by requests with a body.
+/// Made by the proxy's reader, for requests with a body only, and handed
+/// to each layer beside the request (not in its extensions, which would
+/// cost the request two allocations).
 /// It also counts the bytes read, for the access log.
 #[derive(Debug, Clone, Default)]
 pub struct BodyStatus(Arc<Progress>);
@@ -126,11 +128,5 @@ impl BodyStatus {
             TOO_LARGE => Some(ClientFault::TooLarge),
             _ => None,
         }
-    }
-
-    /// The status of `request`'s body; a fresh one (never shared) when it
-    /// carries none, as a request built in a test.
-    pub fn of<B>(request: &http::Request<B>) -> BodyStatus {
-        request.extensions().get::<BodyStatus>().cloned().unwrap_or_default()
     }
 }

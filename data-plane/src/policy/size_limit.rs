@@ -40,33 +40,47 @@ impl SizeLimit {
 pub struct BodyLimit {
     max: Option<u64>,
     /// How the client's body ended: marked too large by the counting
-    /// wrapper, failed or timed out by the proxy's reader.
-    status: BodyStatus,
+    /// wrapper, failed or timed out by the proxy's reader. `None` for a
+    /// request without a body, which nothing can fail.
+    status: Option<BodyStatus>,
 }
 
 impl BodyLimit {
     /// Refuses a declared length over the limit; otherwise, when the length
     /// is not declared, wraps the body so it fails once more than the limit
     /// has streamed. A declared length needs no counting: hyper and h2 fail a
-    /// body that does not match its `Content-Length`.
-    pub fn apply(policy: Option<&SizeLimit>, request: &mut Request<RequestBody>) -> Result<BodyLimit, Rejection> {
-        let status = BodyStatus::of(request);
+    /// body that does not match its `Content-Length`. `status` is how the
+    /// client's body is doing (`proxy::client_body`); `None` for a request
+    /// without one.
+    pub fn apply(
+        policy: Option<&SizeLimit>,
+        request: &mut Request<RequestBody>,
+        status: Option<&BodyStatus>,
+    ) -> Result<BodyLimit, Rejection> {
+        let status = status.cloned();
         let Some(policy) = policy else { return Ok(BodyLimit { max: None, status }) };
         let max = Some(policy.max);
         match content_length(request.headers()) {
             Some(length) if length > policy.max => return Err(too_large(policy.max)),
             Some(_) => return Ok(BodyLimit { max, status }),
+            None if request.body().is_end_stream() => return Ok(BodyLimit { max, status }),
             None => {}
         }
+        // A body that was not watched (a request built in a test) gets a status of its own.
+        let status = status.unwrap_or_default();
         let body = std::mem::replace(request.body_mut(), placeholder());
         *request.body_mut() =
             LimitedBody { inner: body, remaining: policy.max, max: policy.max, status: status.clone() }.boxed();
-        Ok(BodyLimit { max, status })
+        Ok(BodyLimit { max, status: Some(status) })
     }
 
     /// Whether the streamed body crossed the limit (the forward failed because of it).
     pub fn tripped(&self) -> bool {
-        self.status.fault() == Some(ClientFault::TooLarge)
+        self.fault() == Some(ClientFault::TooLarge)
+    }
+
+    fn fault(&self) -> Option<ClientFault> {
+        self.status.as_ref().and_then(BodyStatus::fault)
     }
 
     pub fn rejection(&self) -> Rejection {
@@ -90,7 +104,7 @@ impl BodyLimit {
             let frame = match frame {
                 Ok(frame) => frame,
                 Err(_) if self.tripped() => return Err(too_large(cap)),
-                Err(_) if self.status.fault() == Some(ClientFault::TimedOut) => return Err(body_timed_out()),
+                Err(_) if self.fault() == Some(ClientFault::TimedOut) => return Err(body_timed_out()),
                 Err(e) => {
                     return Err(Rejection::new("openapi", StatusCode::BAD_REQUEST, "bad-request", "Bad request")
                         .detail(format!("The request body could not be read: {e}")));
@@ -252,7 +266,7 @@ mod tests {
         ];
         for (length, chunks, early, streaming) in cases {
             let mut req = request(*length, chunked(chunks));
-            match BodyLimit::apply(Some(&policy), &mut req) {
+            match BodyLimit::apply(Some(&policy), &mut req, None) {
                 Err(rejection) => {
                     assert!(*early, "{length:?} {chunks:?} rejected early");
                     assert_eq!(rejection.status, StatusCode::PAYLOAD_TOO_LARGE);
@@ -270,7 +284,7 @@ mod tests {
     #[tokio::test]
     async fn no_policy_passes_body_through() {
         let mut req = request(None, chunked(&[b"abc"]));
-        let limit = BodyLimit::apply(None, &mut req).unwrap();
+        let limit = BodyLimit::apply(None, &mut req, None).unwrap();
         assert!(!limit.tripped());
         assert_eq!(req.into_body().collect().await.unwrap().to_bytes(), "abc");
     }
@@ -281,18 +295,18 @@ mod tests {
         // One frame, two, three: the body is whole either way, and kept for the upstream.
         for chunks in [&[b"abcde" as &[u8]] as &[&'static [u8]], &[b"abc", b"de"], &[b"a", b"bc", b"de"]] {
             let mut req = request(None, chunked(chunks));
-            let limit = BodyLimit::apply(Some(&policy), &mut req).unwrap();
+            let limit = BodyLimit::apply(Some(&policy), &mut req, None).unwrap();
             assert_eq!(limit.buffer(&mut req).await.unwrap(), "abcde", "{chunks:?}");
             assert_eq!(req.into_body().collect().await.unwrap().to_bytes(), "abcde", "{chunks:?}");
         }
 
         let mut req = request(None, chunked(&[b"abc", b"def"]));
-        let limit = BodyLimit::apply(Some(&policy), &mut req).unwrap();
+        let limit = BodyLimit::apply(Some(&policy), &mut req, None).unwrap();
         assert_eq!(limit.buffer(&mut req).await.unwrap_err().status, StatusCode::PAYLOAD_TOO_LARGE);
 
         // Without a policy the default cap applies to a declared length.
         let mut req = request(Some("20000000"), chunked(&[]));
-        let limit = BodyLimit::apply(None, &mut req).unwrap();
+        let limit = BodyLimit::apply(None, &mut req, None).unwrap();
         assert_eq!(limit.buffer(&mut req).await.unwrap_err().status, StatusCode::PAYLOAD_TOO_LARGE);
     }
 }

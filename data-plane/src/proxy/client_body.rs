@@ -25,17 +25,21 @@ pub enum ClientBodyError {
     Read(#[source] hyper::Error),
 }
 
-/// Turns the client's request into the request path's body type. A request
-/// without a body (most GETs) is passed through unwatched: it cannot fail.
-pub fn watch(request: Request<Incoming>, timeout: Duration, started: Instant) -> Request<RequestBody> {
-    let (mut parts, body) = request.into_parts();
+/// Turns the client's request into the request path's body type, with the
+/// status of its body. A request without a body (most GETs) is passed
+/// through unwatched and without a status: it cannot fail.
+pub fn watch(
+    request: Request<Incoming>,
+    timeout: Duration,
+    started: Instant,
+) -> (Request<RequestBody>, Option<BodyStatus>) {
+    let (parts, body) = request.into_parts();
     if body.is_end_stream() {
-        return Request::from_parts(parts, body.map_err(Into::into).boxed());
+        return (Request::from_parts(parts, body.map_err(Into::into).boxed()), None);
     }
     let status = BodyStatus::default();
-    parts.extensions.insert(status.clone());
-    let body = ClientBody { inner: body, timeout, deadline: started + timeout, timer: None, status };
-    Request::from_parts(parts, body.boxed())
+    let body = ClientBody { inner: body, timeout, deadline: started + timeout, timer: None, status: status.clone() };
+    (Request::from_parts(parts, body.boxed()), Some(status))
 }
 
 struct ClientBody {

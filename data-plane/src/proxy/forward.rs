@@ -13,6 +13,7 @@ use http_body::Body as _;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 
+use super::inbound::HopByHop;
 use super::log::Exchange;
 use super::{Peer, ProxyOptions};
 use crate::base::{BodyStatus, ClientFault, ProxyBody, ProxyError, RequestBody};
@@ -41,18 +42,21 @@ const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host")
 /// rewritten request alone, not it and the client's request (see `proxy::handle`
 /// for why its size matters).
 ///
-/// `trailers`: the client said it accepts trailers (`TE: trailers`); an
-/// HTTP/2 upstream is told so too (gRPC servers may refuse a call without it).
+/// `taken`: what the inbound stage took from the hop-by-hop headers. A
+/// protocol switch the API allows is asked of the upstream; a client that
+/// accepts trailers (`TE: trailers`) is announced to an HTTP/2 upstream too
+/// (gRPC servers may refuse a call without it).
 pub(super) fn forward<'a>(
     api: &'a CompiledApi,
     request: Request<RequestBody>,
     raw_path: Option<PathAndQuery>,
-    trailers: bool,
+    taken: HopByHop,
     peer: &'a Peer,
     options: &'a ProxyOptions,
     exchange: &'a mut Exchange,
 ) -> impl Future<Output = Result<Response<ProxyBody>, ProxyError>> + 'a {
-    match Outgoing::rewrite(api, request, raw_path, trailers, peer, options) {
+    let body_status = exchange.request_body.clone();
+    match Outgoing::rewrite(api, request, raw_path, taken, peer, options, body_status) {
         Ok(outgoing) => Either::Left(send(api, outgoing, peer, exchange)),
         Err(error) => Either::Right(std::future::ready(Err(error))),
     }
@@ -81,15 +85,14 @@ impl Outgoing {
         api: &CompiledApi,
         mut request: Request<RequestBody>,
         raw_path: Option<PathAndQuery>,
-        trailers: bool,
+        taken: HopByHop,
         peer: &Peer,
         options: &ProxyOptions,
+        body_status: Option<BodyStatus>,
     ) -> Result<Self, ProxyError> {
-        let upgrade = upgrade_protocol(request.headers());
         // Must be taken before the request is consumed.
-        let client_upgrade = upgrade.is_some().then(|| hyper::upgrade::on(&mut request));
-        let (mut parts, body) = request.into_parts();
-        let body_status = parts.extensions.remove::<BodyStatus>();
+        let client_upgrade = taken.upgrade.is_some().then(|| hyper::upgrade::on(&mut request));
+        let (parts, body) = request.into_parts();
         // HTTP/2 carries the host in the URI, HTTP/1.1 in `Host` (whose value is shared, not copied).
         let original_host = match parts.uri.authority() {
             Some(authority) => HeaderValue::from_str(authority.as_str()).ok(),
@@ -104,12 +107,11 @@ impl Outgoing {
         strip_hop_by_hop(&mut headers);
         // HTTP/2 allows `te: trailers` and nothing else; HTTP/1.1 would need
         // it in `Connection` too, and trailers there are for the framing to carry.
-        if trailers && api.upstream.http2() {
+        if taken.trailers && api.upstream.http2() {
             headers.insert(header::TE, HeaderValue::from_static("trailers"));
         }
-        if let Some(protocol) = upgrade {
-            headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-            headers.insert(header::UPGRADE, protocol);
+        if let Some(upgrade) = taken.upgrade {
+            upgrade.write_to(&mut headers);
         }
         add_forwarding_headers(&mut headers, peer, original_host.as_ref(), options, parts.version);
         if api.preserve_host {
@@ -216,7 +218,8 @@ fn send<'a>(
             let may_retry = idempotent && outgoing.replayable && attempt < api.retries;
             let request = outgoing.for_target(&target, http2, api.preserve_host, may_retry)?;
             let attempt_started = Instant::now();
-            match tokio::time::timeout(api.request_timeout, pool.send(&target, request, api.connect_timeout)).await {
+            let sent = pool.send(&target, request, api.connect_timeout, outgoing.client_upgrade.is_some());
+            match tokio::time::timeout(api.request_timeout, sent).await {
                 Ok(Ok(response)) => {
                     let elapsed = attempt_started.elapsed();
                     pool.record_latency(elapsed);

@@ -51,7 +51,7 @@ const FRAMING: [HeaderName; 3] = [header::CONTENT_LENGTH, header::TRANSFER_ENCOD
 /// What the hop-by-hop strip took that the forward may need again.
 #[derive(Default)]
 pub(super) struct HopByHop {
-    /// The client asks to switch protocols (for [`restore_upgrade`]).
+    /// The client asks to switch protocols (see [`Upgrade::allowed`]).
     pub upgrade: Option<Upgrade>,
     /// The client accepts trailers (`TE: trailers`), as gRPC clients say.
     pub trailers: bool,
@@ -87,7 +87,7 @@ pub(super) fn request_id(headers: &mut HeaderMap, name: &HeaderName) -> (Request
 }
 
 /// The inbound header stage. Returns the protocol the client asks to switch
-/// to, for [`restore_upgrade`] once the API is known, and whether it accepts trailers. One pass over the
+/// to, for [`Upgrade::allowed`] once the API is known, and whether it accepts trailers. One pass over the
 /// headers finds what needs doing; a request with nothing to remove, the
 /// usual case, is left alone. The request-ID header stays even when the
 /// client names it in `Connection`: the gateway set or checked it.
@@ -170,19 +170,25 @@ fn only_chunked(headers: &HeaderMap) -> Result<(), ProxyError> {
     }
 }
 
-/// Puts back a protocol switch the API allows: any, but `h2c` only where
-/// `allow_h2c` (an upstream that speaks it would otherwise get a raw tunnel
-/// the gateway cannot see into).
-pub(super) fn restore_upgrade(headers: &mut HeaderMap, upgrade: Option<Upgrade>, allow_h2c: bool) {
-    let Some(Upgrade { protocol, http2_settings }) = upgrade else { return };
-    let h2c = protocol.to_str().is_ok_and(|p| p.split(',').any(|p| p.trim().eq_ignore_ascii_case("h2c")));
-    if h2c && !allow_h2c {
-        return;
+impl Upgrade {
+    /// The switch if the API allows it: any, but `h2c` only where
+    /// `allow_h2c` (an upstream that speaks it would otherwise get a raw
+    /// tunnel the gateway cannot see into).
+    pub(super) fn allowed(self, allow_h2c: bool) -> Option<Upgrade> {
+        let h2c = self.protocol.to_str().is_ok_and(|p| p.split(',').any(|p| p.trim().eq_ignore_ascii_case("h2c")));
+        if h2c && !allow_h2c {
+            return None;
+        }
+        Some(Upgrade { http2_settings: self.http2_settings.filter(|_| h2c), ..self })
     }
-    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    headers.insert(header::UPGRADE, protocol);
-    if let Some(settings) = http2_settings.filter(|_| h2c) {
-        headers.insert(HTTP2_SETTINGS, settings);
+
+    /// Asks the upstream for the switch, in the headers of the request it gets.
+    pub(super) fn write_to(self, headers: &mut HeaderMap) {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, self.protocol);
+        if let Some(settings) = self.http2_settings {
+            headers.insert(HTTP2_SETTINGS, settings);
+        }
     }
 }
 
@@ -352,7 +358,9 @@ mod tests {
             let found = clean_headers(&mut map, &DEFAULT_HEADER_LIMITS, &X_REQUEST_ID).unwrap();
             assert!(map.is_empty(), "{protocol}: {map:?}");
             assert!(!found.trailers);
-            restore_upgrade(&mut map, found.upgrade, allow_h2c);
+            if let Some(upgrade) = found.upgrade.and_then(|upgrade| upgrade.allowed(allow_h2c)) {
+                upgrade.write_to(&mut map);
+            }
             assert_eq!(map.get(header::UPGRADE).is_some(), kept, "{protocol} {allow_h2c}");
             assert_eq!(map.get(HTTP2_SETTINGS).is_some(), kept && allow_h2c, "{protocol} {allow_h2c}");
         }

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use futures_util::FutureExt as _;
-use http::{Request, Response, Uri, header};
+use http::{Request, Response, Uri};
 use http_body_util::BodyExt as _;
 use hyper::client::conn::{TrySendError, http1, http2};
 use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
@@ -219,19 +219,21 @@ impl Dialer {
     /// (an idle connection the target has closed is passed over).
     ///
     /// HTTP/1.1 wants an origin-form URI (`/path?query`) and a `Host` header;
-    /// HTTP/2 an absolute URI.
+    /// HTTP/2 an absolute URI. A request that asks to switch protocols
+    /// (`upgrade`) goes on a connection of its own.
     #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see proxy::handle)")]
     pub fn send(
         &self,
         target: &Arc<Target>,
         request: Request<RequestBody>,
         connect_timeout: Duration,
+        upgrade: bool,
     ) -> impl Future<Output = Result<Response<ProxyBody>, SendError>> {
         async move {
             if self.http2 {
                 return self.send_h2(target, request, connect_timeout).await;
             }
-            if request.headers().contains_key(header::UPGRADE) {
+            if upgrade {
                 return Box::pin(self.send_upgrade(target, request, connect_timeout)).await;
             }
             let connection = match target.connections.take_idle() {
