@@ -118,7 +118,9 @@ impl Outgoing {
             if let Some(host) = original_host {
                 headers.insert(header::HOST, host);
             }
-        } else {
+        } else if api.upstream.http2() {
+            // HTTP/2 names the target in the URI; HTTP/1.1's `Host` is
+            // replaced by the target's for each attempt (`for_target`).
             headers.remove(header::HOST);
         }
         Ok(Outgoing {

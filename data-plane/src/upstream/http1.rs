@@ -150,7 +150,13 @@ impl Connection {
         // A response that came before the request was all out leaves the
         // request half sent: the connection cannot carry another.
         let reusable = head.keep_alive && sending.body.is_none() && self.write.is_empty();
-        self.into_response(head, head_request, reusable, home)
+        // The request's map, emptied, carries the response's headers: hyper
+        // parses the client's next request into the map of this response,
+        // which then has room for what the forward adds, and neither side
+        // allocates a map per message.
+        let mut headers = parts.headers;
+        headers.clear();
+        self.into_response(head, headers, head_request, reusable, home)
     }
 
     /// Writes the request while reading for the response head, so a target
@@ -248,13 +254,14 @@ impl Connection {
     fn into_response(
         mut self: Box<Self>,
         head: Head,
+        mut headers: HeaderMap,
         head_request: bool,
         reusable: bool,
         home: Home,
     ) -> Result<Response<ResponseBody>, ExchangeError> {
         let bytes = self.read.split_to(head.length).freeze();
         // Room for what the proxy adds (`Via`, the request ID) without growing the map.
-        let mut headers = HeaderMap::with_capacity(self.fields.len() + 2);
+        headers.reserve(self.fields.len() + 2);
         for field in &self.fields {
             // httparse has held names to the token grammar and values to
             // visible characters, spaces and tabs, as these check again.
@@ -361,10 +368,13 @@ fn encode_head(
         if name == header::TRANSFER_ENCODING {
             continue;
         }
+        // The two-byte separators are pushed: a copy call each would cost more.
         out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
+        out.push(b':');
+        out.push(b' ');
         out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        out.push(b'\r');
+        out.push(b'\n');
     }
     let outgoing = if body.is_end_stream() {
         // An empty body is still said for methods that carry one, and when the client said so.
@@ -408,9 +418,11 @@ struct Field {
 /// `None` while the head is incomplete. Where the header fields are goes
 /// into `fields`.
 fn parse_head(buffer: &[u8], fields: &mut Vec<Field>) -> Result<Option<Head>, ExchangeError> {
-    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut response = httparse::Response::new(&mut slots);
-    let length = match response.parse(buffer) {
+    // Left uninitialised: httparse fills what it uses, and setting all of
+    // them first would cost more than the parse of a usual head.
+    let mut slots = [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut response = httparse::Response::new(&mut []);
+    let length = match httparse::ParserConfig::default().parse_response_with_uninit_headers(&mut response, buffer, &mut slots) {
         Ok(httparse::Status::Complete(length)) => length,
         Ok(httparse::Status::Partial) => return Ok(None),
         Err(httparse::Error::TooManyHeaders) => return Err(ExchangeError::Invalid("too many header fields")),
