@@ -395,6 +395,7 @@ impl BodyLimit {
 fn apply_is_send(chain: &PolicyChain, request: Request<RequestBody>, consumer: &mut Option<Arc<str>>) {
     fn send<T: Send>(_: T) {}
     let forward = |_| async { Err::<Response<ProxyBody>, _>(ProxyError::NotReady) };
-    let context = RequestContext { instance: "/", request_id: "-", client_ip: IpAddr::from([127, 0, 0, 1]), body: None };
+    let context =
+        RequestContext { instance: "/", request_id: "-", client_ip: IpAddr::from([127, 0, 0, 1]), body: None };
     send(chain.apply(request, context, consumer, forward));
 }

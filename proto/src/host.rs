@@ -73,11 +73,7 @@ pub fn canonical_host(raw: &str) -> Result<CanonicalHost<'_>, HostError> {
     if label == 0 {
         return Err(HostError::BadName);
     }
-    let name = if upper {
-        Cow::Owned(name.to_ascii_lowercase())
-    } else {
-        Cow::Borrowed(name)
-    };
+    let name = if upper { Cow::Owned(name.to_ascii_lowercase()) } else { Cow::Borrowed(name) };
     Ok(CanonicalHost { name, port })
 }
 

@@ -14,8 +14,10 @@ use std::fmt::Display;
 use std::net::SocketAddr;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
+use futures_util::future::Either;
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -28,6 +30,7 @@ use tracing::debug;
 
 use super::idle::ConnectionActivity;
 use super::inbound::HeaderLimits;
+use super::when_woken::WhenWoken;
 use super::workers::stopped;
 use super::{Peer, Shared, handle};
 
@@ -172,6 +175,14 @@ pub(super) async fn serve<S: ClientStream>(
     }
 }
 
+/// Why a connection is closed by the gateway rather than by its client.
+enum Ending {
+    /// No request in flight for the idle timeout.
+    Idle,
+    /// The data plane is shutting down.
+    Stop,
+}
+
 /// Drives a hyper server connection of any version; `graceful_shutdown` is
 /// its way to finish the requests in flight, take no more, then end.
 async fn drive<C, E>(
@@ -185,13 +196,28 @@ async fn drive<C, E>(
     C: Future<Output = Result<(), E>>,
     E: Display,
 {
-    tokio::select! {
-        result = connection.as_mut() => {
+    // The connection is polled on every wake of the task; the idle timer and
+    // the shutdown signal only when one of them woke it (see `when_woken`).
+    let ending = pin!(async {
+        tokio::select! {
+            biased;
+            () = stopped(stop_rx) => Ending::Stop,
+            () = activity.idle_for(idle_timeout) => Ending::Idle,
+        }
+    });
+    let mut ending = WhenWoken::new(ending);
+    let ended = std::future::poll_fn(|cx| match connection.as_mut().poll(cx) {
+        Poll::Ready(result) => Poll::Ready(Either::Left(result)),
+        Poll::Pending => Pin::new(&mut ending).poll(cx).map(Either::Right),
+    })
+    .await;
+    match ended {
+        Either::Left(result) => {
             if let Err(e) = result {
                 debug!(%peer, error = %e, "client connection ended with an error");
             }
         }
-        () = activity.idle_for(idle_timeout) => {
+        Either::Right(Ending::Idle) => {
             debug!(%peer, "closing an idle client connection");
             // An idle keep-alive connection closes at once (HTTP/2: after a
             // GOAWAY). One stuck in the middle of a request head would wait
@@ -211,7 +237,7 @@ async fn drive<C, E>(
                 }
             }
         }
-        () = stopped(stop_rx) => {
+        Either::Right(Ending::Stop) => {
             graceful_shutdown(connection.as_mut());
             if let Err(e) = connection.await {
                 debug!(%peer, error = %e, "client connection ended with an error while draining");

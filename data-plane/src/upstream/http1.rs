@@ -422,12 +422,13 @@ fn parse_head(buffer: &[u8], fields: &mut Vec<Field>) -> Result<Option<Head>, Ex
     // them first would cost more than the parse of a usual head.
     let mut slots = [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
     let mut response = httparse::Response::new(&mut []);
-    let length = match httparse::ParserConfig::default().parse_response_with_uninit_headers(&mut response, buffer, &mut slots) {
-        Ok(httparse::Status::Complete(length)) => length,
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(httparse::Error::TooManyHeaders) => return Err(ExchangeError::Invalid("too many header fields")),
-        Err(_) => return Err(ExchangeError::Invalid("malformed response head")),
-    };
+    let length =
+        match httparse::ParserConfig::default().parse_response_with_uninit_headers(&mut response, buffer, &mut slots) {
+            Ok(httparse::Status::Complete(length)) => length,
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(httparse::Error::TooManyHeaders) => return Err(ExchangeError::Invalid("too many header fields")),
+            Err(_) => return Err(ExchangeError::Invalid("malformed response head")),
+        };
     let code = response.code.unwrap_or_default();
     let status = StatusCode::from_u16(code).map_err(|_| ExchangeError::Invalid("bad status code"))?;
     let version = if response.version == Some(0) { Version::HTTP_10 } else { Version::HTTP_11 };

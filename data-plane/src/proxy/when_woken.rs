@@ -1,0 +1,107 @@
+//! A future that shares its task with a busier one and is polled only when
+//! its own waker fired. `tokio::select!` polls every branch on every wake of
+//! the task: a client connection's idle timer and shutdown signal were
+//! polled (a timer-state check, a lock of the signal's waiter list) on each
+//! of the several wakes of every request, though each wakes at most a few
+//! times in a connection's life.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll, Wake, Waker};
+
+use futures_util::task::AtomicWaker;
+
+pub(super) struct WhenWoken<F> {
+    future: F,
+    flag: Arc<Flag>,
+    /// Wakes `flag`, then the task: what `future` is polled with.
+    waker: Waker,
+}
+
+struct Flag {
+    woken: AtomicBool,
+    task: AtomicWaker,
+}
+
+impl Wake for Flag {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, Ordering::Release);
+        self.task.wake();
+    }
+}
+
+impl<F: Future + Unpin> WhenWoken<F> {
+    pub(super) fn new(future: F) -> Self {
+        // Woken to begin with: the first poll starts the future.
+        let flag = Arc::new(Flag { woken: AtomicBool::new(true), task: AtomicWaker::new() });
+        WhenWoken { future, waker: Waker::from(flag.clone()), flag }
+    }
+}
+
+impl<F: Future + Unpin> Future for WhenWoken<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.get_mut();
+        // The task's waker first: a wake between the two is then not lost.
+        this.flag.task.register(cx.waker());
+        if !this.flag.woken.swap(false, Ordering::AcqRel) {
+            return Poll::Pending;
+        }
+        Pin::new(&mut this.future).poll(&mut Context::from_waker(&this.waker))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+
+    /// Counts its polls and keeps the waker of the last one; never ready.
+    struct Counting<'a> {
+        polls: &'a AtomicUsize,
+        waker: &'a std::sync::Mutex<Option<Waker>>,
+    }
+
+    impl Future for Counting<'_> {
+        type Output = ();
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+            self.polls.fetch_add(1, Ordering::Relaxed);
+            *self.waker.lock().unwrap() = Some(cx.waker().clone());
+            Poll::Pending
+        }
+    }
+
+    struct TaskWoken(AtomicUsize);
+
+    impl Wake for TaskWoken {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn polled_once_and_then_only_after_its_own_wake_which_wakes_the_task() {
+        let (polls, waker) = (AtomicUsize::new(0), std::sync::Mutex::new(None));
+        let mut gated = WhenWoken::new(Counting { polls: &polls, waker: &waker });
+        let task = Arc::new(TaskWoken(AtomicUsize::new(0)));
+        let task_waker = Waker::from(task.clone());
+        let mut cx = Context::from_waker(&task_waker);
+        for _ in 0..3 {
+            assert!(Pin::new(&mut gated).poll(&mut cx).is_pending());
+        }
+        assert_eq!(polls.load(Ordering::Relaxed), 1, "polled on the first poll only");
+
+        waker.lock().unwrap().take().expect("the future kept a waker").wake();
+        assert_eq!(task.0.load(Ordering::Relaxed), 1, "its wake wakes the task");
+        assert!(Pin::new(&mut gated).poll(&mut cx).is_pending());
+        assert!(Pin::new(&mut gated).poll(&mut cx).is_pending());
+        assert_eq!(polls.load(Ordering::Relaxed), 2, "polled again once per wake");
+    }
+}
