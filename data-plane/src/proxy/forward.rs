@@ -322,17 +322,6 @@ fn with_query(path: &str, query: Option<&str>) -> Result<PathAndQuery, ProxyErro
     PathAndQuery::try_from(joined).map_err(|e| ProxyError::BadRequest(format!("cannot rewrite path: {e}")))
 }
 
-/// `Some(protocol)` when the client asks to switch protocols (WebSocket).
-pub(super) fn upgrade_protocol(headers: &HeaderMap) -> Option<HeaderValue> {
-    let wants_upgrade = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
-    if wants_upgrade { headers.get(header::UPGRADE).cloned() } else { None }
-}
-
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Most messages carry none of these: one pass over the few names present
     // is cheaper than hashing all nine into the map to remove nothing.
@@ -486,14 +475,5 @@ mod tests {
             let uri: Uri = input.parse().unwrap();
             assert_eq!(upstream_path(prefix, strip, &uri).unwrap().as_str(), want, "{prefix} {input}");
         }
-    }
-
-    #[test]
-    fn upgrade_detection() {
-        let mut h = HeaderMap::new();
-        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
-        assert_eq!(upgrade_protocol(&h), None);
-        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, Upgrade"));
-        assert_eq!(upgrade_protocol(&h), Some(HeaderValue::from_static("websocket")));
     }
 }

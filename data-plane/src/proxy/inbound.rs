@@ -16,7 +16,7 @@ use http::{Request, Uri, Version, header};
 use sluice_proto::host::{CanonicalHost, HostError, canonical_host};
 use sluice_proto::path::canonical_path;
 
-use super::forward::{HOP_BY_HOP, named_in_connection, upgrade_protocol};
+use super::forward::{HOP_BY_HOP, named_in_connection};
 use super::log::Exchange;
 use crate::base::{ProxyError, RequestId};
 use crate::policy::X_CONSUMER_USERNAME;
@@ -142,6 +142,17 @@ pub(super) fn clean_headers(
         }
     }
     Ok(taken)
+}
+
+/// `Some(protocol)` when the client asks to switch protocols (WebSocket).
+fn upgrade_protocol(headers: &HeaderMap) -> Option<HeaderValue> {
+    let wants_upgrade = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
+    if wants_upgrade { headers.get(header::UPGRADE).cloned() } else { None }
 }
 
 /// A request's `Transfer-Encoding` must be `chunked` alone. hyper frames the
@@ -344,6 +355,15 @@ mod tests {
                 assert!(matches!(result, Err(ProxyError::TransferCoding(_))), "{values:?}");
             }
         }
+    }
+
+    #[test]
+    fn upgrade_detection() {
+        let mut h = HeaderMap::new();
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        assert_eq!(upgrade_protocol(&h), None);
+        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, Upgrade"));
+        assert_eq!(upgrade_protocol(&h), Some(HeaderValue::from_static("websocket")));
     }
 
     #[test]
