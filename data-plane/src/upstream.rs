@@ -297,15 +297,17 @@ impl UpstreamPool {
     /// Sends a request to one of this pool's targets, on a kept-open
     /// connection when there is one. The URI is origin-form for HTTP/1.1
     /// (with a `Host` header), absolute for HTTP/2. `upgrade`: the request
-    /// asks to switch protocols (its headers say which).
+    /// asks to switch protocols (its headers say which). `deadline`: when
+    /// the attempt times out if no response head has come.
     pub fn send(
         &self,
         target: &Arc<Target>,
         request: Request<RequestBody>,
         connect_timeout: Duration,
         upgrade: bool,
+        deadline: tokio::time::Instant,
     ) -> impl Future<Output = Result<Response<ProxyBody>, SendError>> {
-        self.dialer.send(target, request, connect_timeout, upgrade)
+        self.dialer.send(target, request, connect_timeout, upgrade, deadline)
     }
 
     /// Picks a target for an attempt of a request (and marks it `tried`):

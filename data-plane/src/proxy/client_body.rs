@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::Request;
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::BodyExt as _;
+use http_body_util::{BodyExt as _, Empty};
 use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
 
@@ -35,7 +35,10 @@ pub fn watch(
 ) -> (Request<RequestBody>, Option<BodyStatus>) {
     let (parts, body) = request.into_parts();
     if body.is_end_stream() {
-        return (Request::from_parts(parts, body.map_err(Into::into).boxed()), None);
+        // Nothing more can come, not even trailers: an empty body stands in,
+        // which boxes without allocating.
+        let empty = Empty::new().map_err(|never| match never {}).boxed();
+        return (Request::from_parts(parts, empty), None);
     }
     let status = BodyStatus::default();
     let body = ClientBody { inner: body, timeout, deadline: started + timeout, timer: None, status: status.clone() };

@@ -3,8 +3,6 @@
 //! target, sends with timeout and bounded retries, and prepares the response
 //! (including the tunnel of an upgraded connection such as a WebSocket).
 
-use std::time::Instant;
-
 use futures_util::future::Either;
 use http::header::{self, Entry, HeaderMap, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
@@ -219,10 +217,11 @@ fn send<'a>(
             let in_flight = InFlight::new(target.clone());
             let may_retry = idempotent && outgoing.replayable && attempt < api.retries;
             let request = outgoing.for_target(&target, http2, api.preserve_host, may_retry)?;
-            let attempt_started = Instant::now();
-            let sent = pool.send(&target, request, api.connect_timeout, outgoing.client_upgrade.is_some());
-            match tokio::time::timeout(api.request_timeout, sent).await {
-                Ok(Ok(response)) => {
+            let attempt_started = tokio::time::Instant::now();
+            let deadline = attempt_started + api.request_timeout;
+            let upgrade = outgoing.client_upgrade.is_some();
+            match pool.send(&target, request, api.connect_timeout, upgrade, deadline).await {
+                Ok(response) => {
                     let elapsed = attempt_started.elapsed();
                     pool.record_latency(elapsed);
                     exchange.upstream_status = Some(response.status());
@@ -230,7 +229,18 @@ fn send<'a>(
                     pool.record_answer(&target, response.status());
                     return Ok(finish_response(response, outgoing.client_upgrade.take(), in_flight, exchange));
                 }
-                Ok(Err(error)) => {
+                Err(SendError::TimedOut) if outgoing.still_receiving() || outgoing.client_fault().is_some() => {
+                    // No target can answer a request whose body has not arrived.
+                    return Err(ProxyError::ClientBody(ClientFault::TimedOut));
+                }
+                Err(SendError::TimedOut) => {
+                    pool.record_failure(&target);
+                    return Err(ProxyError::Timeout {
+                        target: target.url.clone(),
+                        timeout_ms: api.request_timeout.as_millis(),
+                    });
+                }
+                Err(error) => {
                     if let Some(fault) = outgoing.client_fault() {
                         // The client's body broke the exchange: the target did nothing wrong.
                         tracing::debug!(upstream = %pool.name, %error, ?fault, "the client's body failed the exchange");
@@ -245,18 +255,9 @@ fn send<'a>(
                     let (target, reason) = (target.url.clone(), error.to_string());
                     return Err(match error {
                         SendError::Connect(_) => ProxyError::Connect { target, reason },
-                        SendError::Exchange(_) | SendError::Hyper(_) => ProxyError::Upstream { target, reason },
-                    });
-                }
-                Err(_) if outgoing.still_receiving() || outgoing.client_fault().is_some() => {
-                    // No target can answer a request whose body has not arrived.
-                    return Err(ProxyError::ClientBody(ClientFault::TimedOut));
-                }
-                Err(_) => {
-                    pool.record_failure(&target);
-                    return Err(ProxyError::Timeout {
-                        target: target.url.clone(),
-                        timeout_ms: api.request_timeout.as_millis(),
+                        SendError::Exchange(_) | SendError::Hyper(_) | SendError::TimedOut => {
+                            ProxyError::Upstream { target, reason }
+                        }
                     });
                 }
             }

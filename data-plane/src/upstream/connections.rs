@@ -56,6 +56,9 @@ pub enum SendError {
     /// As `Exchange`, on a connection hyper drives (HTTP/2, upgrades).
     #[error("{}", error_chain(.0))]
     Hyper(hyper::Error),
+    /// No response head by the request's deadline.
+    #[error("no response before the request timeout")]
+    TimedOut,
 }
 
 impl SendError {
@@ -69,6 +72,8 @@ impl SendError {
             SendError::Connect(_) => true,
             SendError::Exchange(e) => e.may_resend(),
             SendError::Hyper(e) => !e.is_parse(),
+            // The target may be working on it still.
+            SendError::TimedOut => false,
         }
     }
 }
@@ -220,7 +225,8 @@ impl Dialer {
     ///
     /// HTTP/1.1 wants an origin-form URI (`/path?query`) and a `Host` header;
     /// HTTP/2 an absolute URI. A request that asks to switch protocols
-    /// (`upgrade`) goes on a connection of its own.
+    /// (`upgrade`) goes on a connection of its own. The response head must
+    /// have come by `deadline` (connecting included).
     #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see proxy::handle)")]
     pub fn send(
         &self,
@@ -228,21 +234,26 @@ impl Dialer {
         request: Request<RequestBody>,
         connect_timeout: Duration,
         upgrade: bool,
+        deadline: tokio::time::Instant,
     ) -> impl Future<Output = Result<Response<ProxyBody>, SendError>> {
         async move {
             if self.http2 {
-                return self.send_h2(target, request, connect_timeout).await;
+                return by(deadline, self.send_h2(target, request, connect_timeout)).await;
             }
             if upgrade {
-                return Box::pin(self.send_upgrade(target, request, connect_timeout)).await;
+                return Box::pin(by(deadline, self.send_upgrade(target, request, connect_timeout))).await;
             }
             let connection = match target.connections.take_idle() {
                 Some(connection) => connection,
                 // Boxed: the rare connect path would otherwise make every
                 // request's future larger, copied at each move.
-                None => Box::pin(self.dial_h1(&target.origin, connect_timeout)).await?,
+                None => Box::pin(by(deadline, self.dial_h1(&target.origin, connect_timeout))).await?,
             };
-            let response = connection.exchange(request, target.clone()).await.map_err(SendError::Exchange)?;
+            // The connection keeps the deadline itself (see `http1::Connection::deadline`).
+            let response = connection.exchange(request, target.clone(), deadline).await.map_err(|e| match e {
+                ExchangeError::TimedOut => SendError::TimedOut,
+                e => SendError::Exchange(e),
+            })?;
             Ok(response.map(|body| body.boxed()))
         }
     }
@@ -328,6 +339,15 @@ impl Dialer {
         tokio::spawn(connection.map(log_connection_end));
         Ok(sender)
     }
+}
+
+/// `future`'s result, or `TimedOut` once `deadline` has passed. A
+/// combinator, not an async fn, which would hold `future` twice.
+fn by<T>(
+    deadline: tokio::time::Instant,
+    future: impl Future<Output = Result<T, SendError>>,
+) -> impl Future<Output = Result<T, SendError>> {
+    tokio::time::timeout_at(deadline, future).map(|result| result.unwrap_or(Err(SendError::TimedOut)))
 }
 
 /// A body hyper reads, in the proxy's body type.

@@ -26,6 +26,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper_util::rt::TokioIo;
 use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
+use tokio::time::{Instant, Sleep};
 use tokio_util::either::Either;
 use tokio_util::io::poll_read_buf;
 
@@ -66,6 +67,9 @@ pub enum ExchangeError {
     /// The client's request body failed while it was being sent.
     #[error("request body failed: {0}")]
     RequestBody(BoxError),
+    /// No whole response head arrived by the request's deadline.
+    #[error("no response before the request timeout")]
+    TimedOut,
 }
 
 impl ExchangeError {
@@ -88,6 +92,16 @@ pub(super) struct Connection {
     /// connection, not in the head: no allocation per response, and a head
     /// small enough to move cheaply through the polls that return it.
     fields: Vec<Field>,
+    /// The deadline of the exchange on the connection, made at its first
+    /// and moved on for each next one. Moving a registered timer later is an
+    /// atomic update (the runtime re-files it when the old deadline comes);
+    /// a timer per request was filed in the runtime's timer wheel and taken
+    /// out again every time, under the wheel's lock. While the connection is
+    /// idle, the timer keeps the waker of the last request's task: the next
+    /// exchange replaces it, or the old deadline wakes that task once for
+    /// nothing. At most one such task per idle connection is kept, which is
+    /// cheaper than clearing the waker at the end of every exchange.
+    deadline: Option<Pin<Box<Sleep>>>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -98,7 +112,14 @@ impl std::fmt::Debug for Connection {
 
 impl Connection {
     pub(super) fn new(io: Io) -> Box<Self> {
-        Box::new(Connection { io, read: BytesMut::new(), write: Vec::new(), written: 0, fields: Vec::new() })
+        Box::new(Connection {
+            io,
+            read: BytesMut::new(),
+            write: Vec::new(),
+            written: 0,
+            fields: Vec::new(),
+            deadline: None,
+        })
     }
 
     /// Whether an idle connection may carry a request: the target has not
@@ -133,20 +154,30 @@ impl Connection {
         Pin::new(&mut self.io).poll_flush(cx)
     }
 
-    /// Sends `request` and reads the response head. The response body reads
-    /// from this connection, which goes back to `home` when the body has
-    /// ended cleanly and the connection may carry another request.
+    /// Sends `request` and reads the response head, which must have come
+    /// by `deadline`. The response body reads from this connection, which
+    /// goes back to `home` when the body has ended cleanly and the
+    /// connection may carry another request.
     pub(super) async fn exchange(
         mut self: Box<Self>,
         request: Request<RequestBody>,
         home: Home,
+        deadline: Instant,
     ) -> Result<Response<ResponseBody>, ExchangeError> {
+        match self.deadline.as_mut() {
+            Some(timer) => timer.as_mut().reset(deadline),
+            None => self.deadline = Some(Box::pin(tokio::time::sleep_until(deadline))),
+        }
         let (parts, body) = request.into_parts();
         let outgoing = encode_head(&mut self.write, &parts.method, &parts.uri, &parts.headers, &body);
         let head_request = parts.method == Method::HEAD;
         let body = (!matches!(outgoing, Outgoing::Done)).then_some(body);
         let mut sending = Sending { body, framing: outgoing, write_failed: None };
-        let head = std::future::poll_fn(|cx| self.poll_exchange(cx, &mut sending)).await?;
+        let head = std::future::poll_fn(|cx| match self.poll_exchange(cx, &mut sending) {
+            Poll::Pending => self.poll_deadline(cx),
+            done => done,
+        })
+        .await?;
         // A response that came before the request was all out leaves the
         // request half sent: the connection cannot carry another.
         let reusable = head.keep_alive && sending.body.is_none() && self.write.is_empty();
@@ -216,6 +247,12 @@ impl Connection {
                 return Poll::Pending;
             }
         }
+    }
+
+    /// `Ready` once the exchange's deadline has passed.
+    fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<Result<Head, ExchangeError>> {
+        let passed = self.deadline.as_mut().is_some_and(|timer| timer.as_mut().poll(cx).is_ready());
+        if passed { Poll::Ready(Err(ExchangeError::TimedOut)) } else { Poll::Pending }
     }
 
     /// Reads until a whole head is buffered and parses it; `Ok(None)` for an
@@ -762,6 +799,11 @@ mod tests {
         (Connection::new(Either::Left(near)), far, pool.targets()[0].clone(), pool)
     }
 
+    /// A deadline no test reaches.
+    fn later() -> Instant {
+        Instant::now() + Duration::from_secs(60)
+    }
+
     fn get(path: &str) -> Request<RequestBody> {
         let body = http_body_util::Empty::new().map_err(|never| match never {}).boxed();
         let mut request = Request::get(path).body(body).unwrap();
@@ -788,7 +830,7 @@ mod tests {
     #[tokio::test]
     async fn a_connection_carries_one_exchange_after_another_and_goes_back_idle() {
         let (connection, mut far, target, _pool) = loopback().await;
-        let exchange = tokio::spawn(connection.exchange(get("/one?x=1"), target.clone()));
+        let exchange = tokio::spawn(connection.exchange(get("/one?x=1"), target.clone(), later()));
         let request = read_until(&mut far, b"\r\n\r\n").await;
         assert_eq!(request, b"GET /one?x=1 HTTP/1.1\r\nhost: t\r\n\r\n");
         far.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-Seen: yes\r\n\r\nhello").await.unwrap();
@@ -797,7 +839,7 @@ mod tests {
         assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), "hello");
 
         let connection = target.connections.take_idle().expect("back on the idle stack at the body's end");
-        let exchange = tokio::spawn(connection.exchange(get("/two"), target.clone()));
+        let exchange = tokio::spawn(connection.exchange(get("/two"), target.clone(), later()));
         read_until(&mut far, b"GET /two HTTP/1.1\r\n").await;
         far.write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n").await.unwrap();
         let body = exchange.await.unwrap().unwrap().into_body().collect().await.unwrap().to_bytes();
@@ -806,9 +848,38 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_exchange_ends_at_its_deadline_also_on_a_reused_connection() {
+        // Answered well before its deadline, which then passes while the connection is idle.
+        let (connection, mut far, target, _pool) = loopback().await;
+        let soon = Instant::now() + Duration::from_millis(50);
+        let exchange = tokio::spawn(connection.exchange(get("/one"), target.clone(), soon));
+        read_until(&mut far, b"\r\n\r\n").await;
+        far.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await.unwrap();
+        exchange.await.unwrap().unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+
+        // The next exchange on it is not cut short by the old deadline.
+        let connection = target.connections.take_idle().expect("idle after the 204");
+        let exchange = tokio::spawn(connection.exchange(get("/two"), target.clone(), later()));
+        read_until(&mut far, b"GET /two HTTP/1.1\r\n").await;
+        far.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await.unwrap();
+        exchange.await.unwrap().unwrap();
+
+        // A deadline earlier than the last one, to a target that never answers.
+        let connection = target.connections.take_idle().expect("idle after the second 204");
+        let started = Instant::now();
+        let exchange = connection.exchange(get("/three"), target.clone(), started + Duration::from_millis(100));
+        let outcome = tokio::time::timeout(Duration::from_secs(10), exchange).await.expect("ended by its deadline");
+        assert!(matches!(outcome, Err(ExchangeError::TimedOut)), "{outcome:?}");
+        assert!(started.elapsed() >= Duration::from_millis(100));
+        read_until(&mut far, b"GET /three HTTP/1.1\r\n").await;
+        assert!(target.connections.take_idle().is_none(), "a connection that timed out is not reused");
+    }
+
+    #[tokio::test]
     async fn bytes_past_the_response_or_a_close_keep_a_connection_from_reuse() {
         let (connection, mut far, target, _pool) = loopback().await;
-        let exchange = tokio::spawn(connection.exchange(get("/"), target.clone()));
+        let exchange = tokio::spawn(connection.exchange(get("/"), target.clone(), later()));
         read_until(&mut far, b"\r\n\r\n").await;
         far.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\n").await.unwrap();
         let body = exchange.await.unwrap().unwrap().into_body().collect().await.unwrap().to_bytes();
@@ -816,7 +887,7 @@ mod tests {
         assert!(target.connections.take_idle().is_none(), "the extra bytes would answer the next request");
 
         let (connection, mut far, target, _pool) = loopback().await;
-        let exchange = tokio::spawn(connection.exchange(get("/"), target.clone()));
+        let exchange = tokio::spawn(connection.exchange(get("/"), target.clone(), later()));
         read_until(&mut far, b"\r\n\r\n").await;
         far.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await.unwrap();
         exchange.await.unwrap().unwrap();
@@ -835,7 +906,7 @@ mod tests {
         let body = StreamBody::new(futures_util::stream::iter(frames)).boxed();
         let mut request = Request::put("/upload").body(body).unwrap();
         request.headers_mut().insert(header::HOST, HeaderValue::from_static("t"));
-        let exchange = tokio::spawn(connection.exchange(request, target.clone()));
+        let exchange = tokio::spawn(connection.exchange(request, target.clone(), later()));
         // A slow start fills the socket buffers, so writes wait for room.
         tokio::time::sleep(Duration::from_millis(100)).await;
         let received = tokio::time::timeout(Duration::from_secs(10), async {
@@ -863,7 +934,7 @@ mod tests {
         let feeder = tokio::spawn(async move {
             while sender.send(Ok(Frame::data(Bytes::from(vec![b'x'; 64 * 1024])))).await.is_ok() {}
         });
-        let exchange = tokio::spawn(connection.exchange(request, target.clone()));
+        let exchange = tokio::spawn(connection.exchange(request, target.clone(), later()));
         let head = read_until(&mut far, b"\r\n\r\n").await;
         assert!(head.starts_with(b"POST /upload HTTP/1.1\r\n"));
         assert!(head.windows(26).any(|w| w == b"transfer-encoding: chunked"), "no length known: chunked");
