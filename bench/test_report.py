@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from lib import report, saved  # noqa: E402
+from lib import percore, report, saved  # noqa: E402
 from lib.load import summarize  # noqa: E402
 
 
@@ -187,6 +187,23 @@ class ReportTest(unittest.TestCase):
         self.assertIn("### secured\n\nFailed: `RuntimeError: nginx did not start`", md)
         self.assertNotIn("| secured |", md.split("## Targets at a glance")[1].split("### proxy (pinned)")[0]
                          .split("| scenario | Sluice req per gateway CPU-s")[1])
+
+    def test_a_pinned_run_whose_rounds_disagree_is_named_noisy(self):
+        self.assertEqual(percore.noisy(pinned_run()), [], "identical rounds agree")
+
+        def with_cpu_of_last_round(factor: float) -> dict:
+            result = pinned_run()
+            runs = [dict(r) for r in result["scenarios"]["proxy"]["gateways"]["nginx"]["runs"]]
+            runs[-1]["gateway_cpu_s"] *= factor
+            result["scenarios"]["proxy"]["gateways"]["nginx"] = summarize(runs, 10_000)
+            return result
+
+        # A round that took 1.25x the CPU for the same requests is within what a quiet machine does.
+        self.assertEqual(percore.noisy(with_cpu_of_last_round(1.25)), [])
+        self.assertEqual(percore.noisy(with_cpu_of_last_round(1.6)), ["proxy/nginx 1.60x"])
+        failed = pinned_run()
+        failed["scenarios"]["secured"] = {"error": "RuntimeError: nginx did not start", "seconds": 1.0}
+        self.assertEqual(percore.noisy(failed), [], "a failed scenario has no rounds to compare")
 
     def test_one_run_report_shows_that_run_alone(self):
         quick = copy.deepcopy(pinned_run())

@@ -36,6 +36,27 @@ def add_per_core(results: dict) -> dict:
     return results
 
 
+# The most one gateway's rounds in a pinned scenario may differ in requests per CPU-second (highest over lowest)
+# for the run to compare gateways. Other tenants' load on a shared machine moves a pinned core by up to 2x from
+# one 10 s round to the next; a quiet machine keeps each gateway's rounds within about 1.1x to 1.3x, and
+# a ratio between gateways is not to be trusted beyond what their own rounds agree on.
+NOISY_SPREAD = 1.3
+
+
+def noisy(results: dict) -> list[str]:
+    """Each scenario/gateway of a run whose rounds differ by more than NOISY_SPREAD in requests per CPU-second,
+    as "proxy/nginx 1.56x"; empty when every gateway's rounds agree."""
+    found = []
+    for name, s in results.get("scenarios", {}).items():
+        gateways = s.get("gateways") if isinstance(s, dict) else None
+        for gateway, g in (gateways or {}).items():
+            per_cpu = g.get("req_per_cpu_s") if isinstance(g, dict) else None
+            low, high = (per_cpu or {}).get("min"), (per_cpu or {}).get("max")
+            if low and high and high / low > NOISY_SPREAD:
+                found.append(f"{name}/{gateway} {high / low:.2f}x")
+    return found
+
+
 def vs(gateways: dict, key: str, ref: str) -> float | None:
     """Sluice's median `key` as a multiple of gateway `ref`'s."""
     return ratio(med(gateways.get("sluice"), key), med(gateways.get(ref), key))
