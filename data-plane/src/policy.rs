@@ -29,7 +29,7 @@ use sluice_proto::v1::policy::Kind;
 pub use auth::X_CONSUMER_USERNAME;
 pub use rejection::Rejection;
 
-use crate::base::{BodyStatus, ProxyBody, ProxyError, RequestBody, full_body};
+use crate::base::{BodyStatus, ProxyBody, ProxyError, RequestBody, RequestId, full_body};
 use crate::openapi::{self, SpecValidator, ValidationFailure};
 use auth::Authentication;
 pub use auth::ConsumerTags;
@@ -67,8 +67,9 @@ pub struct RequestContext<'a> {
     /// The request's path, for problem details and response validation: a
     /// copy, as the request's own URI shares the client connection's read buffer.
     pub instance: &'a str,
-    /// Goes in every problem body and log line of the request.
-    pub request_id: &'a str,
+    /// Goes in every problem body and log line of the request; taken as
+    /// text only on the policy path (a request without policies never needs it).
+    pub request_id: &'a RequestId,
     pub client_ip: IpAddr,
     /// How the client's body is arriving (`proxy::client_body`); `None` for a request without one.
     pub body: Option<&'a BodyStatus>,
@@ -235,6 +236,7 @@ impl PolicyChain {
                 // A client-sent X-Consumer-Username is already gone (`proxy::inbound`).
                 return forward(request).await;
             }
+            let request_id = request_id.as_str();
             let method = request.method().clone();
             // 1. CORS first: a preflight carries no credentials, so it is answered
             //    here before auth could 401 it; its headers go on every answer below.
@@ -395,7 +397,8 @@ impl BodyLimit {
 fn apply_is_send(chain: &PolicyChain, request: Request<RequestBody>, consumer: &mut Option<Arc<str>>) {
     fn send<T: Send>(_: T) {}
     let forward = |_| async { Err::<Response<ProxyBody>, _>(ProxyError::NotReady) };
+    let id = RequestId::make();
     let context =
-        RequestContext { instance: "/", request_id: "-", client_ip: IpAddr::from([127, 0, 0, 1]), body: None };
+        RequestContext { instance: "/", request_id: &id, client_ip: IpAddr::from([127, 0, 0, 1]), body: None };
     send(chain.apply(request, context, consumer, forward));
 }

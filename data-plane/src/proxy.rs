@@ -333,12 +333,8 @@ fn route_and_forward<'a>(
         let (api, options) = (api.as_ref(), &shared.options);
         let mut consumer = None;
         let (path, request_id) = (exchange.path.clone(), exchange.request_id);
-        let context = RequestContext {
-            instance: &path,
-            request_id: request_id.as_str(),
-            client_ip: peer.ip,
-            body: body.as_ref(),
-        };
+        let context =
+            RequestContext { instance: &path, request_id: &request_id, client_ip: peer.ip, body: body.as_ref() };
         let result = {
             let exchange = &mut *exchange;
             api.policies
