@@ -13,7 +13,10 @@ mod request_id;
 mod request_metrics;
 pub mod worker;
 
-pub use body::{BodyError, BodyStatus, BoxError, ClientFault, ProxyBody, RequestBody, full_body, full_body_request};
+pub use body::{
+    BodyError, BodyStatus, BoxError, ClientFault, ProxyBody, RequestBody, empty_body_request, full_body,
+    full_body_request,
+};
 pub use error::{Origin, ProxyError, error_chain};
 pub use metric_registry::MetricRegistry;
 pub use request_id::RequestId;

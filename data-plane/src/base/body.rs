@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Empty, Full};
 
 /// Body type on both legs of the proxy: a boxed stream, never buffered.
 pub type ProxyBody = BoxBody<Bytes, BodyError>;
@@ -52,6 +52,11 @@ pub fn full_body(bytes: Bytes) -> ProxyBody {
 /// A fully known request body (one buffered for validation).
 pub fn full_body_request(bytes: Bytes) -> RequestBody {
     Full::new(bytes).map_err(|never| match never {}).boxed()
+}
+
+/// An empty request body, which (unlike a `Full` one) boxes without allocating.
+pub fn empty_body_request() -> RequestBody {
+    Empty::new().map_err(|never| match never {}).boxed()
 }
 
 /// How the client's request body ended, shared by the layers that read it:

@@ -10,11 +10,11 @@ use std::task::{Context, Poll};
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Request, StatusCode, header};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::{BodyExt, Empty};
+use http_body_util::BodyExt;
 use sluice_proto::v1;
 
 use super::rejection::Rejection;
-use crate::base::{BodyStatus, BoxError, ClientFault, RequestBody, full_body_request};
+use crate::base::{BodyStatus, BoxError, ClientFault, RequestBody, empty_body_request, full_body_request};
 
 /// Cap on a body buffered for validation when the API sets no size limit, so
 /// that validation cannot be used to make the gateway hold unbounded memory.
@@ -68,7 +68,7 @@ impl BodyLimit {
         }
         // A body that was not watched (a request built in a test) gets a status of its own.
         let status = status.unwrap_or_default();
-        let body = std::mem::replace(request.body_mut(), placeholder());
+        let body = std::mem::replace(request.body_mut(), empty_body_request());
         *request.body_mut() =
             LimitedBody { inner: body, remaining: policy.max, max: policy.max, status: status.clone() }.boxed();
         Ok(BodyLimit { max, status: Some(status) })
@@ -96,7 +96,7 @@ impl BodyLimit {
         {
             return Err(too_large(cap));
         }
-        let mut body = std::mem::replace(request.body_mut(), placeholder());
+        let mut body = std::mem::replace(request.body_mut(), empty_body_request());
         // Read by hand rather than with `http_body_util::Limited`: its boxed
         // error type trips a rustc limitation that makes the request future !Send.
         let mut buffer = Buffered::default();
@@ -165,12 +165,6 @@ impl Buffered {
             Buffered::Joined(joined) => joined.freeze(),
         }
     }
-}
-
-/// What a request holds while its body is moved into a wrapper: an empty
-/// body, which (unlike a `Full` one) boxes without allocating.
-fn placeholder() -> RequestBody {
-    Empty::new().map_err(|never| match never {}).boxed()
 }
 
 fn content_length(headers: &HeaderMap) -> Option<u64> {

@@ -11,11 +11,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::Request;
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::{BodyExt as _, Empty};
+use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
 
-use crate::base::{BodyStatus, BoxError, ClientFault, RequestBody};
+use crate::base::{BodyStatus, BoxError, ClientFault, RequestBody, empty_body_request};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientBodyError {
@@ -37,8 +37,7 @@ pub fn watch(
     if body.is_end_stream() {
         // Nothing more can come, not even trailers: an empty body stands in,
         // which boxes without allocating.
-        let empty = Empty::new().map_err(|never| match never {}).boxed();
-        return (Request::from_parts(parts, empty), None);
+        return (Request::from_parts(parts, empty_body_request()), None);
     }
     let status = BodyStatus::default();
     let body = ClientBody { inner: body, timeout, deadline: started + timeout, timer: None, status: status.clone() };

@@ -8,13 +8,12 @@ use http::header::{self, Entry, HeaderMap, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body as _;
-use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 
 use super::inbound::HopByHop;
 use super::log::Exchange;
 use super::{Peer, ProxyOptions};
-use crate::base::{BodyStatus, ClientFault, ProxyBody, ProxyError, RequestBody};
+use crate::base::{BodyStatus, ClientFault, ProxyBody, ProxyError, RequestBody, empty_body_request};
 use crate::routing::CompiledApi;
 use crate::upstream::{InFlight, SendError, Target, Tried};
 
@@ -181,7 +180,7 @@ impl Outgoing {
         };
         let body = match self.body.take() {
             Some(incoming) if !self.replayable => incoming,
-            _ => Empty::new().map_err(|never| match never {}).boxed(),
+            _ => empty_body_request(),
         };
         let mut request = Request::new(body);
         *request.method_mut() = self.method.clone();

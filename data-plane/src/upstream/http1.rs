@@ -805,8 +805,7 @@ mod tests {
     }
 
     fn get(path: &str) -> Request<RequestBody> {
-        let body = http_body_util::Empty::new().map_err(|never| match never {}).boxed();
-        let mut request = Request::get(path).body(body).unwrap();
+        let mut request = Request::get(path).body(crate::base::empty_body_request()).unwrap();
         request.headers_mut().insert(header::HOST, HeaderValue::from_static("t"));
         request
     }
