@@ -6,6 +6,7 @@
 //! each using only what stands below it.
 
 mod body;
+mod body_encoder;
 mod error;
 mod metric_registry;
 pub mod problem;
@@ -17,6 +18,7 @@ pub use body::{
     BodyError, BodyStatus, BoxError, ClientFault, ProxyBody, RequestBody, empty_body_request, full_body,
     full_body_request,
 };
+pub use body_encoder::BodyEncoder;
 pub use error::{Origin, ProxyError, error_chain};
 pub use metric_registry::MetricRegistry;
 pub use request_id::RequestId;

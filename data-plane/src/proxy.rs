@@ -1,6 +1,7 @@
 //! The proxy listeners, the data plane's request path from accept to response:
-//! accept (plain, or TLS with the certificate picked by SNI) -> HTTP/1.1 or
-//! HTTP/2 -> load the routing table once -> the canonical path and host
+//! accept (plain, or TLS with the certificate picked by SNI) -> HTTP/1.1
+//! (`http1` for the usual request, hyper for the rest) or HTTP/2 (hyper) ->
+//! load the routing table once -> the canonical path and host
 //! (`inbound`) -> route match -> the API's policy
 //! chain (`policy`) around the forward to an upstream target -> access log,
 //! metrics and the request's span (`trace`). Graceful: on shutdown it stops
@@ -10,6 +11,7 @@ mod balance;
 mod client_body;
 mod connection;
 mod forward;
+mod http1;
 mod idle;
 mod inbound;
 mod log;
@@ -23,7 +25,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
-use hyper::body::Incoming;
 use sluice_proto::path::PathError;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
@@ -34,7 +35,7 @@ pub use inbound::{DEFAULT_HEADER_LIMITS, HeaderLimits};
 pub use log::LoggedBody;
 pub use tls_server::{TlsSetupError, tls_server_config};
 
-use crate::base::{Origin, ProxyBody, ProxyError};
+use crate::base::{BodyStatus, Origin, ProxyBody, ProxyError, RequestBody};
 use crate::policy::RequestContext;
 use crate::routing::{CompiledApi, RouteMiss, RoutingTable, TableStore};
 use crate::trace::Tracer;
@@ -209,8 +210,13 @@ impl Peer {
 /// and hyper keeps this future in a per-connection allocation and moves it
 /// in for every request, so every byte counts once per open connection.
 #[allow(clippy::manual_async_fn, reason = "see the doc comment")]
+///
+/// `body` is the status of the request's body, when it has one (see
+/// `client_body::watch`); `started` is when its head had arrived.
 fn handle(
-    request: Request<Incoming>,
+    request: Request<RequestBody>,
+    body: Option<BodyStatus>,
+    started: Instant,
     shared: Arc<Shared>,
     peer: Peer,
     active: ActiveRequest,
@@ -227,7 +233,7 @@ fn handle(
         let mut exchange = Exchange {
             active,
             request_id,
-            started: Instant::now(),
+            started,
             client: peer.ip,
             tls: peer.tls,
             version: request.version(),
@@ -239,7 +245,7 @@ fn handle(
             upstream_target: None,
             upstream_status: None,
             upstream_elapsed: None,
-            request_body: None,
+            request_body: body,
             consumer: None,
             status: StatusCode::OK,
             grpc_status: None,
@@ -276,7 +282,7 @@ fn handle(
 
 #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see proxy::handle)")]
 fn route_and_forward<'a>(
-    request: Request<Incoming>,
+    request: Request<RequestBody>,
     shared: &'a Shared,
     peer: &'a Peer,
     exchange: &'a mut Exchange,
@@ -325,11 +331,7 @@ fn route_and_forward<'a>(
         let raw_path = canonical.raw.filter(|_| api.forward_raw_path);
         taken.upgrade = taken.upgrade.and_then(|upgrade| upgrade.allowed(api.allow_h2c_upgrade));
         exchange.api = Some(api.clone());
-        // From here the body may be wrapped by policies (size limit, buffering), which must be able to fail it;
-        // its time is bounded and its end watched whoever reads it.
-        let started = tokio::time::Instant::from_std(exchange.started);
-        let (request, body) = client_body::watch(request, shared.options.client_body_timeout, started);
-        exchange.request_body = body.clone();
+        let body = exchange.request_body.clone();
         let (api, options) = (api.as_ref(), &shared.options);
         let mut consumer = None;
         let (path, request_id) = (exchange.path.clone(), exchange.request_id);
@@ -351,7 +353,7 @@ fn route_and_forward<'a>(
 /// A CORS preflight is an OPTIONS request about another method, which the
 /// API may not route; it belongs to the API serving the method it asks
 /// about, when that API's CORS policy answers preflights.
-fn preflight_route(table: &RoutingTable, host: Option<&str>, request: &Request<Incoming>) -> Option<Arc<CompiledApi>> {
+fn preflight_route<B>(table: &RoutingTable, host: Option<&str>, request: &Request<B>) -> Option<Arc<CompiledApi>> {
     if request.method() != Method::OPTIONS || !request.headers().contains_key(header::ORIGIN) {
         return None;
     }

@@ -12,7 +12,6 @@ use bytes::Bytes;
 use http::Request;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt as _;
-use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
 
 use crate::base::{BodyStatus, BoxError, ClientFault, RequestBody, empty_body_request};
@@ -22,17 +21,18 @@ pub enum ClientBodyError {
     #[error("the request body did not arrive within {0:?}")]
     TimedOut(Duration),
     #[error("reading the request body failed: {0}")]
-    Read(#[source] hyper::Error),
+    Read(#[source] BoxError),
 }
 
-/// Turns the client's request into the request path's body type, with the
-/// status of its body. A request without a body (most GETs) is passed
-/// through unwatched and without a status: it cannot fail.
-pub fn watch(
-    request: Request<Incoming>,
-    timeout: Duration,
-    started: Instant,
-) -> (Request<RequestBody>, Option<BodyStatus>) {
+/// Turns the client's request (as hyper or `proxy::http1` reads it) into
+/// the request path's body type, with the status of its body. A request
+/// without a body (most GETs) is passed through unwatched and without a
+/// status: it cannot fail.
+pub fn watch<B>(request: Request<B>, timeout: Duration, started: Instant) -> (Request<RequestBody>, Option<BodyStatus>)
+where
+    B: Body<Data = Bytes> + Unpin + Send + Sync + 'static,
+    B::Error: Into<BoxError>,
+{
     let (parts, body) = request.into_parts();
     if body.is_end_stream() {
         // Nothing more can come, not even trailers: an empty body stands in,
@@ -44,8 +44,8 @@ pub fn watch(
     (Request::from_parts(parts, body.boxed()), Some(status))
 }
 
-struct ClientBody {
-    inner: Incoming,
+struct ClientBody<B> {
+    inner: B,
     timeout: Duration,
     deadline: Instant,
     /// Made at the first wait for data: a body that is already buffered
@@ -54,7 +54,11 @@ struct ClientBody {
     status: BodyStatus,
 }
 
-impl Body for ClientBody {
+impl<B> Body for ClientBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
     type Data = Bytes;
     type Error = BoxError;
 
@@ -80,7 +84,7 @@ impl Body for ClientBody {
             }
             Poll::Ready(Some(Err(e))) => {
                 this.status.fail(ClientFault::Broken);
-                Poll::Ready(Some(Err(Box::new(ClientBodyError::Read(e)))))
+                Poll::Ready(Some(Err(Box::new(ClientBodyError::Read(e.into())))))
             }
             Poll::Pending => {
                 let deadline = this.deadline;

@@ -1,6 +1,8 @@
-//! One accepted client connection: which HTTP version it speaks, then
-//! hyper's connection driven until it ends, sits idle too long, or shutdown
-//! asks it to finish its in-flight requests and close.
+//! One accepted client connection: which HTTP version it speaks, then its
+//! requests served until it ends, sits idle too long, or shutdown asks it to
+//! finish its in-flight requests and close. HTTP/1.1 is served by `http1`
+//! until a request needs hyper, which then serves the rest of the
+//! connection; HTTP/2 by hyper.
 //!
 //! The version is told before hyper starts: by ALPN over TLS, and on plain
 //! TCP by peeking at the first bytes, which stay in the socket. hyper-util's
@@ -15,7 +17,7 @@ use std::net::SocketAddr;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::future::Either;
 use hyper::server::conn::{http1, http2};
@@ -28,11 +30,12 @@ use tokio::sync::watch;
 use tokio_rustls::server::TlsStream;
 use tracing::debug;
 
+use super::http1::Served;
 use super::idle::ConnectionActivity;
 use super::inbound::HeaderLimits;
 use super::when_woken::WhenWoken;
 use super::workers::stopped;
-use super::{Peer, Shared, handle};
+use super::{Peer, Shared, client_body, handle};
 
 /// How long an idle connection asked to close may take before it is dropped.
 const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
@@ -149,29 +152,64 @@ pub(super) async fn serve<S: ClientStream>(
         () = stopped(stop_rx.clone()) => return,
     };
     let client = Peer::new(peer.ip().to_canonical(), stream.tls_version());
-    let service = {
-        let activity = activity.clone();
-        service_fn(move |request| handle(request, shared.clone(), client.clone(), activity.begin()))
-    };
-    let io = TokioIo::new(stream);
-    // HTTP/1.1 is held in the task itself; the rarer kinds are boxed, so
-    // they do not make every connection's task larger.
+    // The rarer kinds are boxed, so they do not make every connection's task larger.
     match protocol {
         Protocol::Http1 => {
-            let connection = pin!(protocols.http1.serve_connection(io, service).with_upgrades());
+            // The usual requests are served without hyper; it takes over at the first other one.
+            let ending = pin!(ending(&activity, idle_timeout, stop_rx.clone()));
+            let stream =
+                match super::http1::serve(stream, &shared, &client, &activity, &mut WhenWoken::new(ending)).await {
+                    Served::Closed => return,
+                    Served::HandOff(stream) => TokioIo::new(stream),
+                };
+            let service = service(shared, client, activity.clone());
+            let mut connection = Box::pin(protocols.http1.serve_connection(stream, service).with_upgrades());
             let graceful_shutdown = http1::UpgradeableConnection::graceful_shutdown;
-            drive(connection, graceful_shutdown, peer, &activity, idle_timeout, stop_rx).await;
+            drive(connection.as_mut(), graceful_shutdown, peer, &activity, idle_timeout, stop_rx).await;
         }
         Protocol::Http2 => {
-            let mut connection = Box::pin(protocols.http2.serve_connection(io, service));
+            let service = service(shared, client, activity.clone());
+            let mut connection = Box::pin(protocols.http2.serve_connection(TokioIo::new(stream), service));
             let graceful_shutdown = http2::Connection::graceful_shutdown;
             drive(connection.as_mut(), graceful_shutdown, peer, &activity, idle_timeout, stop_rx).await;
         }
         Protocol::Unsure => {
+            let service = service(shared, client, activity.clone());
+            let io = TokioIo::new(stream);
             let mut connection = Box::pin(protocols.auto.serve_connection_with_upgrades(io, service));
             let graceful_shutdown = auto::UpgradeableConnection::graceful_shutdown;
             drive(connection.as_mut(), graceful_shutdown, peer, &activity, idle_timeout, stop_rx).await;
         }
+    }
+}
+
+/// hyper's service: each request's body watched (see `client_body`), then `handle`.
+fn service(
+    shared: Arc<Shared>,
+    client: Peer,
+    activity: Arc<ConnectionActivity>,
+) -> impl hyper::service::Service<
+    http::Request<hyper::body::Incoming>,
+    Response = http::Response<super::LoggedBody>,
+    Error = std::convert::Infallible,
+    Future = impl Future<Output = Result<http::Response<super::LoggedBody>, std::convert::Infallible>> + Send,
+> {
+    service_fn(move |request| {
+        let started = Instant::now();
+        // From here the body may be wrapped by policies (size limit, buffering), which must be able to
+        // fail it; its time is bounded and its end watched whoever reads it.
+        let timeout = shared.options.client_body_timeout;
+        let (request, body) = client_body::watch(request, timeout, started.into());
+        handle(request, body, started, shared.clone(), client.clone(), activity.begin())
+    })
+}
+
+/// Resolves when the connection should close: idle for `idle_timeout`, or shutdown.
+async fn ending(activity: &ConnectionActivity, idle_timeout: Duration, stop_rx: watch::Receiver<bool>) -> Ending {
+    tokio::select! {
+        biased;
+        () = stopped(stop_rx) => Ending::Stop,
+        () = activity.idle_for(idle_timeout) => Ending::Idle,
     }
 }
 
@@ -198,13 +236,7 @@ async fn drive<C, E>(
 {
     // The connection is polled on every wake of the task; the idle timer and
     // the shutdown signal only when one of them woke it (see `when_woken`).
-    let ending = pin!(async {
-        tokio::select! {
-            biased;
-            () = stopped(stop_rx) => Ending::Stop,
-            () = activity.idle_for(idle_timeout) => Ending::Idle,
-        }
-    });
+    let ending = pin!(ending(activity, idle_timeout, stop_rx));
     let mut ending = WhenWoken::new(ending);
     let ended = std::future::poll_fn(|cx| match connection.as_mut().poll(cx) {
         Poll::Ready(result) => Poll::Ready(Either::Left(result)),

@@ -14,7 +14,7 @@
 //! no answer; bytes past the end of a response are never read as the next
 //! one's (the connection is closed instead of reused).
 
-use std::io::{self, Write as _};
+use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
@@ -31,7 +31,7 @@ use tokio_util::either::Either;
 use tokio_util::io::poll_read_buf;
 
 use super::Target;
-use crate::base::{BodyError, BoxError, RequestBody};
+use crate::base::{BodyEncoder, BodyError, BoxError, RequestBody};
 
 /// The most a response head may take, status line and headers together.
 const MAX_HEAD: usize = 64 * 1024;
@@ -171,7 +171,7 @@ impl Connection {
         let (parts, body) = request.into_parts();
         let outgoing = encode_head(&mut self.write, &parts.method, &parts.uri, &parts.headers, &body);
         let head_request = parts.method == Method::HEAD;
-        let body = (!matches!(outgoing, Outgoing::Done)).then_some(body);
+        let body = (!matches!(outgoing, BodyEncoder::Done)).then_some(body);
         let mut sending = Sending { body, framing: outgoing, write_failed: None };
         let head = std::future::poll_fn(|cx| match self.poll_exchange(cx, &mut sending) {
             Poll::Pending => self.poll_deadline(cx),
@@ -205,7 +205,7 @@ impl Connection {
                     match Pin::new(body).poll_frame(cx) {
                         Poll::Ready(Some(Ok(frame))) => {
                             if let Ok(data) = frame.into_data() {
-                                sending.framing.encode(&mut self.write, data).map_err(ExchangeError::RequestBody)?;
+                                sending.framing.encode(&mut self.write, &data).map_err(ExchangeError::RequestBody)?;
                             }
                         }
                         Poll::Ready(None) => {
@@ -336,50 +336,10 @@ pub(super) type Home = std::sync::Arc<Target>;
 /// The request body on its way out, and its framing on the wire.
 struct Sending {
     body: Option<RequestBody>,
-    framing: Outgoing,
+    framing: BodyEncoder,
     /// Why the request could not be written whole: nothing more is sent,
     /// and the target may still answer.
     write_failed: Option<io::Error>,
-}
-
-/// How a request body is framed.
-enum Outgoing {
-    /// No body (or an empty one, said with `Content-Length: 0`).
-    Done,
-    /// `Content-Length`: this many bytes still to send.
-    Length(u64),
-    Chunked,
-}
-
-impl Outgoing {
-    fn encode(&mut self, out: &mut Vec<u8>, data: Bytes) -> Result<(), BoxError> {
-        match self {
-            Outgoing::Length(left) => {
-                *left = left.checked_sub(data.len() as u64).ok_or("request body longer than its Content-Length")?;
-                out.extend_from_slice(&data);
-            }
-            Outgoing::Chunked if data.is_empty() => {}
-            Outgoing::Chunked => {
-                // Writing into a Vec cannot fail.
-                let _ = write!(out, "{:x}\r\n", data.len());
-                out.extend_from_slice(&data);
-                out.extend_from_slice(b"\r\n");
-            }
-            Outgoing::Done => return Err("request body after its end".into()),
-        }
-        Ok(())
-    }
-
-    fn finish(&mut self, out: &mut Vec<u8>) -> Result<(), BoxError> {
-        match std::mem::replace(self, Outgoing::Done) {
-            Outgoing::Length(0) | Outgoing::Done => Ok(()),
-            Outgoing::Length(_) => Err("request body shorter than its Content-Length".into()),
-            Outgoing::Chunked => {
-                out.extend_from_slice(b"0\r\n\r\n");
-                Ok(())
-            }
-        }
-    }
 }
 
 /// Writes the request head into `out` and says how the body follows. Any
@@ -391,7 +351,7 @@ fn encode_head(
     uri: &http::Uri,
     headers: &HeaderMap,
     body: &RequestBody,
-) -> Outgoing {
+) -> BodyEncoder {
     out.extend_from_slice(method.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(uri.path_and_query().map_or("/", |p| p.as_str()).as_bytes());
@@ -418,18 +378,18 @@ fn encode_head(
         if declared.is_some() || matches!(*method, Method::POST | Method::PUT | Method::PATCH) {
             out.extend_from_slice(b"content-length: 0\r\n");
         }
-        Outgoing::Done
+        BodyEncoder::Done
     } else {
         match body.size_hint().exact().or(declared) {
             Some(length) => {
                 out.extend_from_slice(b"content-length: ");
                 out.extend_from_slice(itoa::Buffer::new().format(length).as_bytes());
                 out.extend_from_slice(b"\r\n");
-                Outgoing::Length(length)
+                BodyEncoder::Length(length)
             }
             None => {
                 out.extend_from_slice(b"transfer-encoding: chunked\r\n");
-                Outgoing::Chunked
+                BodyEncoder::Chunked
             }
         }
     };

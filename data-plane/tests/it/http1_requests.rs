@@ -691,3 +691,70 @@ async fn expect_100_continue() -> Result<()> {
     assert_eq!(edge.upstream.paths(), ["/expect", "/expect-again"]);
     Ok(())
 }
+
+/// What every answer says of itself, whichever writer sends it (the
+/// gateway's own for the usual request, hyper's once a connection carried
+/// a chunked upload): a `Date`, exactly one framing, and, to a client that
+/// asks to close, `Connection: close` and then the close.
+#[tokio::test]
+async fn answers_are_dated_framed_once_and_close_when_asked() -> Result<()> {
+    let edge = RawEdge::start(echo_reply).await?;
+    let mut connection = RawConnection::open(edge.addr()).await?;
+    let sequence = [
+        ("GET /one HTTP/1.1\r\nHost: g\r\n\r\n", "GET", 200),
+        // The gateway's own answer: over the size limit by its Content-Length.
+        ("POST /limited/big HTTP/1.1\r\nHost: g\r\nContent-Length: 20\r\n\r\n01234567890123456789", "POST", 413),
+        ("POST /chunked HTTP/1.1\r\nHost: g\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", "POST", 200),
+        ("GET /two HTTP/1.1\r\nHost: g\r\n\r\n", "GET", 200),
+    ];
+    for (request, method, status) in sequence {
+        connection.send(request.as_bytes()).await?;
+        let response = connection.response(method).await?;
+        assert_eq!(response.status, status, "{request:?}: {response:?}");
+        let date = response.header("date").unwrap_or_default();
+        assert!(date.ends_with(" GMT") && date.len() == 29, "{request:?}: Date {date:?}");
+        assert_eq!(response.header("content-length"), Some(response.body.len().to_string().as_str()), "{request:?}");
+        assert_eq!(response.header("transfer-encoding"), None, "{request:?}");
+    }
+    let mut connection = RawConnection::open(edge.addr()).await?;
+    connection.send(b"GET /last HTTP/1.1\r\nHost: g\r\nConnection: close\r\n\r\n").await?;
+    let response = connection.response("GET").await?;
+    assert_eq!((response.status, response.text().as_str()), (200, "GET /last "));
+    assert_eq!(response.header("connection"), Some("close"));
+    connection.closes().await?;
+    assert_eq!(edge.upstream.paths(), ["/one", "/chunked", "/two", "/last"]);
+    Ok(())
+}
+
+/// A body that arrives after its head, in pieces, reaches the upstream
+/// whole, and the connection then carries the next request, even when it
+/// came in the same segment as the body's last bytes; a body the client
+/// cuts short by closing never reaches the upstream whole.
+#[tokio::test]
+async fn a_body_arriving_after_its_head_is_streamed_and_the_connection_goes_on() -> Result<()> {
+    let edge = RawEdge::start(echo_reply).await?;
+    let mut connection = RawConnection::open(edge.addr()).await?;
+    connection.send(b"POST /pieces HTTP/1.1\r\nHost: g\r\nContent-Length: 11\r\n\r\nhel").await?;
+    for piece in ["lo ", "wor"] {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        connection.send(piece.as_bytes()).await?;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    connection.send(b"ldGET /next HTTP/1.1\r\nHost: g\r\n\r\n").await?;
+    let response = connection.response("POST").await?;
+    assert_eq!((response.status, response.text().as_str()), (200, "POST /pieces hello world"));
+    let response = connection.response("GET").await?;
+    assert_eq!((response.status, response.text().as_str()), (200, "GET /next "));
+
+    let mut cut = RawConnection::open(edge.addr()).await?;
+    cut.send(b"POST /cut HTTP/1.1\r\nHost: g\r\nContent-Length: 10\r\n\r\nhalf").await?;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(cut);
+    connection.send(b"GET /after HTTP/1.1\r\nHost: g\r\n\r\n").await?;
+    assert_eq!(connection.response("GET").await?.text(), "GET /after ");
+    let requests = edge.wait_requests(3).await?;
+    let whole: Vec<(&str, &[u8])> =
+        requests.iter().filter(|r| r.complete).map(|r| (r.path(), r.body.as_slice())).collect();
+    assert_eq!(whole, [("/pieces", &b"hello world"[..]), ("/next", b""), ("/after", b"")], "{requests:?}");
+    Ok(())
+}

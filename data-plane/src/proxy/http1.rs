@@ -1,0 +1,741 @@
+//! HTTP/1.1 on the client leg for the usual request, read and answered in
+//! the connection's own task; hyper for everything else.
+//!
+//! Why not hyper's server connection for every request: its dispatcher moves
+//! each request's future into its slot twice, and parses and encodes through
+//! layers built for every case, which cost a proxied request more user-space
+//! instructions than the gateway's own work on it (bench/RESULTS.md).
+//!
+//! The usual request is an HTTP/1.1 request in origin form, with its body
+//! framed by one `Content-Length` (or none), and no `Transfer-Encoding`,
+//! `Expect`, `Upgrade` or `TE`. A body that has arrived with its head is
+//! handed over whole; the rest of one is read as the request path asks for
+//! it (see [`StreamedBody`]). Any other request,
+//! including any head httparse refuses or that is still incomplete past
+//! [`MAX_HEAD`], hands the connection to hyper from that request on, with
+//! the bytes read so far put back in front of the socket ([`Rewind`]): the
+//! hard cases (smuggling attempts, chunked or slow uploads, 100-continue,
+//! upgrades, over-long heads answered 431) keep hyper's answers, which the
+//! conformance suite (`tests/it/http1_requests.rs`) writes down. What this
+//! module answers itself follows the same table.
+
+use std::io;
+use std::pin::{Pin, pin};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker, ready};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::PathAndQuery;
+use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http_body::{Body as _, Frame, SizeHint};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, ReadBuf};
+use tokio_util::io::poll_read_buf;
+
+use super::idle::ConnectionActivity;
+use super::log::LoggedBody;
+use super::when_woken::WhenWoken;
+use super::{Peer, Shared, client_body, handle};
+use crate::base::{BodyEncoder, BodyStatus, BoxError, RequestBody, empty_body_request, full_body_request};
+
+/// A head still incomplete at this size goes to hyper, which reads on to
+/// the configured header limit and answers 431 past it.
+pub(super) const MAX_HEAD: usize = 16 * 1024;
+/// Header fields in one head, as hyper allows; more go to hyper (431).
+const MAX_HEADERS: usize = 100;
+/// What a read asks the socket for at least.
+const READ_SIZE: usize = 8 * 1024;
+/// Response bytes gathered before they are written out.
+const WRITE_HIGH_WATER: usize = 64 * 1024;
+/// A write buffer grown past this by a large response is not kept between requests.
+const WRITE_KEEP: usize = 16 * 1024;
+/// How long the close of a connection may wait for the client's socket.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
+
+/// How a connection served here ended.
+pub(super) enum Served<S> {
+    /// Closed: by the client, after a response that closes it, on a failure, or by `ending`.
+    Closed,
+    /// A request this module does not answer: hyper serves the connection from it on.
+    HandOff(Rewind<S>),
+}
+
+/// Serves requests on `stream` until the connection closes, `ending`
+/// resolves (idle, or shutdown: then after the request in flight), or a
+/// request needs hyper.
+pub(super) async fn serve<S, E>(
+    stream: S,
+    shared: &Arc<Shared>,
+    client: &Peer,
+    activity: &Arc<ConnectionActivity>,
+    ending: &mut WhenWoken<E>,
+) -> Served<S>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    E: Future + Unpin,
+{
+    let mut connection = ClientConnection {
+        stream,
+        read: BytesMut::new(),
+        write: Vec::new(),
+        written: 0,
+        fields: Vec::new(),
+        headers: HeaderMap::new(),
+    };
+    // Set once `ending` has resolved: it is not polled again, and the
+    // request in flight is the last.
+    let mut ended = false;
+    let body_timeout = shared.options.client_body_timeout;
+    loop {
+        let next = std::future::poll_fn(|cx| {
+            if !ended && Pin::new(&mut *ending).poll(cx).is_ready() {
+                ended = true;
+            }
+            if ended {
+                // Idle, or shutting down between requests: nothing is in flight.
+                return Poll::Ready(Next::Close);
+            }
+            connection.poll_request(cx, body_timeout)
+        })
+        .await;
+        let (request, started, body, feed, meta) = match next {
+            Next::Request { request, started, body, feed, meta } => (request, started, body, feed, meta),
+            Next::HandOff => return Served::HandOff(connection.hand_off()),
+            Next::Close => break,
+        };
+        let mut response = pin!(handle(request, body, started, shared.clone(), client.clone(), activity.begin()));
+        let response = std::future::poll_fn(|cx| {
+            if !ended && Pin::new(&mut *ending).poll(cx).is_ready() {
+                ended = true;
+            }
+            loop {
+                if let Poll::Ready(response) = response.as_mut().poll(cx) {
+                    return Poll::Ready(response);
+                }
+                if !connection.poll_feed(cx, feed.as_ref()) {
+                    return Poll::Pending;
+                }
+            }
+        })
+        .await;
+        let Ok(response) = response;
+        // Closed after this answer: when the client asks, on shutdown, and when
+        // its body was not read to the end (the rest would be taken for the next request).
+        let keep_alive = meta.keep_alive && !ended && feed.as_ref().is_none_or(|feed| lock(feed).complete());
+        let written = connection.respond(response, meta.head, keep_alive, feed.as_ref()).await;
+        if written.is_err() || !keep_alive {
+            break;
+        }
+    }
+    // A clean end for a TLS client (close_notify), bounded: a client that
+    // reads nothing more must not hold the task.
+    let _ = tokio::time::timeout(SHUTDOWN_GRACE, connection.stream.shutdown()).await;
+    Served::Closed
+}
+
+#[allow(clippy::large_enum_variant, reason = "a request is the usual case: boxing it would cost an allocation each")]
+enum Next {
+    Request {
+        request: Request<RequestBody>,
+        /// When its head had arrived.
+        started: Instant,
+        /// The status of its body, when it has one (see `client_body`).
+        body: Option<BodyStatus>,
+        /// Where the rest of its body comes from, when it has not all arrived.
+        feed: Option<Arc<Mutex<Feed>>>,
+        meta: Meta,
+    },
+    HandOff,
+    Close,
+}
+
+/// What answering a request needs to know of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Meta {
+    /// A HEAD request: the response's head alone is sent.
+    head: bool,
+    /// The client did not ask to close after this request.
+    keep_alive: bool,
+}
+
+/// A header field's name and value, as byte ranges of the head.
+struct Field {
+    name: (usize, usize),
+    value: (usize, usize),
+}
+
+/// A parsed request head.
+struct Head {
+    /// Bytes of the head.
+    length: usize,
+    /// Bytes of the body after it.
+    body: u64,
+    method: Method,
+    target: (usize, usize),
+    meta: Meta,
+}
+
+struct ClientConnection<S> {
+    stream: S,
+    /// Bytes read and not consumed yet.
+    read: BytesMut,
+    /// Response bytes not written yet, from `written` on.
+    write: Vec<u8>,
+    written: usize,
+    /// Where the last request head's fields are in `read` (kept, not allocated per request).
+    fields: Vec<Field>,
+    /// The last response's header map, emptied: the next request's headers
+    /// go into it (the upstream's response then reuses the request's, see
+    /// `upstream::http1`), so no message allocates a map of its own.
+    headers: HeaderMap,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> ClientConnection<S> {
+    /// Reads until a whole request is buffered; `Next::Close` when the
+    /// client closes (or the read fails) between requests.
+    fn poll_request(&mut self, cx: &mut Context<'_>, body_timeout: Duration) -> Poll<Next> {
+        loop {
+            if !self.read.is_empty() {
+                match parse_head(&self.read, &mut self.fields) {
+                    Parsed::Complete(head) => return Poll::Ready(self.take_request(head, body_timeout)),
+                    Parsed::Partial if self.read.len() < MAX_HEAD => {}
+                    Parsed::Partial | Parsed::Other => return Poll::Ready(Next::HandOff),
+                }
+            }
+            if self.read.capacity() - self.read.len() < READ_SIZE / 4 {
+                self.read.reserve(READ_SIZE);
+            }
+            match ready!(poll_read_buf(Pin::new(&mut self.stream), cx, &mut self.read)) {
+                Ok(0) if self.read.is_empty() => return Poll::Ready(Next::Close),
+                // Closed in the middle of a head: hyper answers what it has, as before.
+                Ok(0) => return Poll::Ready(Next::HandOff),
+                Ok(_) => {}
+                Err(_) => return Poll::Ready(Next::Close),
+            }
+        }
+    }
+
+    /// The request of `head`, taken out of the read buffer with what has arrived of its body.
+    fn take_request(&mut self, head: Head, body_timeout: Duration) -> Next {
+        let started = Instant::now();
+        let arrived =
+            usize::try_from(head.body).map_or(self.read.len(), |body| (head.length + body).min(self.read.len()));
+        let bytes = self.read.split_to(arrived).freeze();
+        let Some(path_and_query) = PathAndQuery::from_maybe_shared(bytes.slice(head.target.0..head.target.1)).ok()
+        else {
+            return self.put_back(bytes);
+        };
+        let mut headers = std::mem::take(&mut self.headers);
+        // Room for what the forward adds (`X-Forwarded-*`, `Via`) without growing the map.
+        headers.reserve(self.fields.len() + 4);
+        for field in &self.fields {
+            // httparse has held names to the token grammar and values to
+            // visible characters, spaces and tabs, as these check again.
+            let name = HeaderName::from_bytes(&bytes[field.name.0..field.name.1]);
+            let value = HeaderValue::from_maybe_shared(bytes.slice(field.value.0..field.value.1));
+            match (name, value) {
+                (Ok(name), Ok(value)) => headers.append(name, value),
+                _ => return self.put_back(bytes),
+            };
+        }
+        let arrived = bytes.len() - head.length;
+        let mut request = Request::new(());
+        *request.method_mut() = head.method;
+        *request.uri_mut() = Uri::from(path_and_query);
+        *request.version_mut() = Version::HTTP_11;
+        *request.headers_mut() = headers;
+        let (request, body, feed) = if head.body == 0 {
+            (request.map(|()| empty_body_request()), None, None)
+        } else if arrived as u64 == head.body {
+            // The whole body has arrived: there is nothing left to wait for or fail.
+            let status = BodyStatus::default();
+            status.add_received(arrived);
+            status.complete();
+            (request.map(|()| full_body_request(bytes.slice(head.length..))), Some(status), None)
+        } else {
+            let feed = Arc::new(Mutex::new(Feed {
+                data: (arrived > 0).then(|| bytes.slice(head.length..)),
+                remaining: head.body - arrived as u64,
+                waiting: None,
+                failed: false,
+            }));
+            let request = request.map(|()| StreamedBody { feed: feed.clone() });
+            let (request, status) = client_body::watch(request, body_timeout, started.into());
+            (request, status, Some(feed))
+        };
+        Next::Request { request, started, body, feed, meta: head.meta }
+    }
+
+    /// A request found unfit only once taken out of the buffer goes back in front of it, for hyper.
+    fn put_back(&mut self, taken: Bytes) -> Next {
+        let mut read = BytesMut::with_capacity(taken.len() + self.read.len());
+        read.extend_from_slice(&taken);
+        read.extend_from_slice(&self.read);
+        self.read = read;
+        Next::HandOff
+    }
+
+    fn hand_off(self) -> Rewind<S> {
+        Rewind { prefix: self.read.freeze(), stream: self.stream }
+    }
+
+    /// Writes `response`: its head, then its body as the body yields it.
+    /// An error means the connection cannot carry another request (the
+    /// client went, or the body failed after the head was sent: the client
+    /// learns of it by the close).
+    async fn respond(
+        &mut self,
+        response: Response<LoggedBody>,
+        head_request: bool,
+        keep_alive: bool,
+        feed: Option<&Arc<Mutex<Feed>>>,
+    ) -> io::Result<()> {
+        let (parts, body) = response.into_parts();
+        let exact = body.size_hint().exact();
+        let mut encoder = encode_head(&mut self.write, parts.status, &parts.headers, exact, head_request, keep_alive);
+        let mut headers = parts.headers;
+        headers.clear();
+        self.headers = headers;
+        if matches!(encoder, BodyEncoder::Done) {
+            // Never polled: a HEAD answer or a 204 sends no body, whatever the body holds.
+            drop(body);
+            std::future::poll_fn(|cx| self.poll_write_out(cx)).await?;
+        } else {
+            let mut body = pin!(body);
+            // The request body is still fed: an HTTP/2 target may read it while it answers.
+            std::future::poll_fn(|cx| {
+                while self.poll_feed(cx, feed) {}
+                self.poll_body(cx, body.as_mut(), &mut encoder)
+            })
+            .await?;
+        }
+        if self.write.capacity() > WRITE_KEEP {
+            self.write = Vec::new();
+        }
+        Ok(())
+    }
+
+    /// Writes the body's frames, gathering those ready into one write.
+    fn poll_body(
+        &mut self,
+        cx: &mut Context<'_>,
+        mut body: Pin<&mut LoggedBody>,
+        encoder: &mut BodyEncoder,
+    ) -> Poll<io::Result<()>> {
+        loop {
+            if self.write.len() >= WRITE_HIGH_WATER {
+                ready!(self.poll_write_out(cx))?;
+            }
+            match body.as_mut().poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    // Trailers are dropped: a client that did not say `TE: trailers` is served here.
+                    if let Some(data) = frame.data_ref() {
+                        encoder.encode(&mut self.write, data).map_err(io::Error::other)?;
+                    }
+                }
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(io::Error::other(e))),
+                Poll::Ready(None) => {
+                    encoder.finish(&mut self.write).map_err(io::Error::other)?;
+                    return self.poll_write_out(cx);
+                }
+                Poll::Pending if self.write.is_empty() => return Poll::Pending,
+                // Out with what is gathered while the body waits; then look again.
+                Poll::Pending => ready!(self.poll_write_out(cx))?,
+            }
+        }
+    }
+
+    /// Reads more of a streamed request body when its reader waits for it;
+    /// `true` when it got some (or learnt it will get no more).
+    fn poll_feed(&mut self, cx: &mut Context<'_>, feed: Option<&Arc<Mutex<Feed>>>) -> bool {
+        let Some(feed) = feed else { return false };
+        let mut state = lock(feed);
+        // Only for a reader that waits: one that has not taken the last
+        // chunk, or reads nothing now, holds the client back (backpressure).
+        if state.waiting.is_none() || state.data.is_some() || state.complete() || state.failed {
+            return false;
+        }
+        if self.read.capacity() - self.read.len() < READ_SIZE / 4 {
+            self.read.reserve(READ_SIZE);
+        }
+        match poll_read_buf(Pin::new(&mut self.stream), cx, &mut self.read) {
+            Poll::Pending => return false,
+            Poll::Ready(Ok(0) | Err(_)) => state.failed = true,
+            Poll::Ready(Ok(_)) => {
+                // Bytes past the body are the next request's: they stay.
+                let take = usize::try_from(state.remaining).map_or(self.read.len(), |left| left.min(self.read.len()));
+                state.data = Some(self.read.split_to(take).freeze());
+                state.remaining -= take as u64;
+            }
+        }
+        if let Some(waiting) = state.waiting.take()
+            && !waiting.will_wake(cx.waker())
+        {
+            // Read in another task (an HTTP/2 target's connection); in this one it is polled next anyway.
+            waiting.wake();
+        }
+        true
+    }
+
+    /// Writes what is buffered; `Ready(Ok)` once all of it is out and flushed.
+    fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.written < self.write.len() {
+            let n = ready!(Pin::new(&mut self.stream).poll_write(cx, &self.write[self.written..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.written += n;
+        }
+        self.write.clear();
+        self.written = 0;
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+}
+
+/// What a connection hands a streamed request body, and the body asks of it.
+struct Feed {
+    /// Read and not taken by the body yet.
+    data: Option<Bytes>,
+    /// Not read from the connection yet.
+    remaining: u64,
+    /// The body's reader, waiting for `data`.
+    waiting: Option<Waker>,
+    /// The connection ended or failed before the body's end.
+    failed: bool,
+}
+
+impl Feed {
+    /// Whether every byte of the body has been read off the connection.
+    fn complete(&self) -> bool {
+        self.remaining == 0
+    }
+}
+
+fn lock(feed: &Mutex<Feed>) -> std::sync::MutexGuard<'_, Feed> {
+    feed.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A request body the connection reads as this asks for it. Its reader
+/// usually runs in the connection's own task (the forward to an HTTP/1.1
+/// target), so a chunk is read while that task is polled anyway; the lock
+/// is for an HTTP/2 target's connection, which reads it from its own.
+struct StreamedBody {
+    feed: Arc<Mutex<Feed>>,
+}
+
+impl http_body::Body for StreamedBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let mut feed = lock(&self.feed);
+        if let Some(data) = feed.data.take() {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        if feed.complete() {
+            return Poll::Ready(None);
+        }
+        if feed.failed {
+            return Poll::Ready(Some(Err("the connection closed before the end of the request body".into())));
+        }
+        feed.waiting = Some(cx.waker().clone());
+        Poll::Pending
+    }
+
+    fn is_end_stream(&self) -> bool {
+        let feed = lock(&self.feed);
+        feed.data.is_none() && feed.complete()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let feed = lock(&self.feed);
+        SizeHint::with_exact(feed.remaining + feed.data.as_ref().map_or(0, |data| data.len() as u64))
+    }
+}
+
+enum Parsed {
+    Complete(Head),
+    Partial,
+    /// Not a request this module answers (see the module's doc).
+    Other,
+}
+
+/// Parses a request head at the front of `buffer`; where its fields are goes into `fields`.
+fn parse_head(buffer: &[u8], fields: &mut Vec<Field>) -> Parsed {
+    // Left uninitialised: httparse fills what it uses (see `upstream::http1`).
+    let mut slots = [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut request = httparse::Request::new(&mut []);
+    let length =
+        match httparse::ParserConfig::default().parse_request_with_uninit_headers(&mut request, buffer, &mut slots) {
+            Ok(httparse::Status::Complete(length)) => length,
+            Ok(httparse::Status::Partial) => return Parsed::Partial,
+            Err(_) => return Parsed::Other,
+        };
+    let (Some(method), Some(target), Some(1)) = (request.method, request.path, request.version) else {
+        return Parsed::Other;
+    };
+    if !target.starts_with('/') {
+        return Parsed::Other;
+    }
+    let Ok(method) = Method::from_bytes(method.as_bytes()) else {
+        return Parsed::Other;
+    };
+    if method == Method::CONNECT {
+        return Parsed::Other;
+    }
+    let base = buffer.as_ptr() as usize;
+    let range = |slice: &[u8]| {
+        let start = slice.as_ptr() as usize - base;
+        (start, start + slice.len())
+    };
+    fields.clear();
+    let mut content_length = None::<u64>;
+    let mut keep_alive = true;
+    for field in request.headers.iter() {
+        let name = field.name.as_bytes();
+        if name.eq_ignore_ascii_case(b"content-length") {
+            // One length of digits alone; a repeat, a list or a sign is hyper's to judge.
+            match content_length {
+                None => {
+                    content_length = Some(match digits(field.value) {
+                        Some(n) => n,
+                        None => return Parsed::Other,
+                    })
+                }
+                Some(_) => return Parsed::Other,
+            }
+        } else if name.eq_ignore_ascii_case(b"connection") {
+            keep_alive &=
+                !field.value.split(|b| *b == b',').any(|token| token.trim_ascii().eq_ignore_ascii_case(b"close"));
+        } else if [&b"transfer-encoding"[..], b"expect", b"upgrade", b"te"]
+            .iter()
+            .any(|other| name.eq_ignore_ascii_case(other))
+        {
+            return Parsed::Other;
+        }
+        fields.push(Field { name: range(name), value: range(field.value) });
+    }
+    let body = content_length.unwrap_or(0);
+    let head = method == Method::HEAD;
+    Parsed::Complete(Head { length, body, method, target: range(target.as_bytes()), meta: Meta { head, keep_alive } })
+}
+
+/// `1*DIGIT` that fits in 64 bits.
+fn digits(value: &[u8]) -> Option<u64> {
+    if value.is_empty() || value.len() > 19 || !value.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    value.iter().try_fold(0u64, |n, digit| n.checked_mul(10)?.checked_add(u64::from(digit - b'0')))
+}
+
+/// Writes the response head into `out` and says how the body follows.
+///
+/// The framing is the gateway's: a body of known size (`exact`) gets its
+/// `Content-Length`, another is chunked. A HEAD answer and a 304 keep the
+/// `Content-Length` they carry (it describes the resource) and send no body;
+/// a 1xx or 204 has neither. `Date` is added where the response has none.
+fn encode_head(
+    out: &mut Vec<u8>,
+    status: StatusCode,
+    headers: &HeaderMap,
+    exact: Option<u64>,
+    head_request: bool,
+    keep_alive: bool,
+) -> BodyEncoder {
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+    out.extend_from_slice(b"\r\n");
+    let no_content = status.is_informational() || status == StatusCode::NO_CONTENT;
+    let bodiless = no_content || head_request || status == StatusCode::NOT_MODIFIED;
+    let mut dated = false;
+    for (name, value) in headers {
+        if name == header::TRANSFER_ENCODING || name == header::CONNECTION {
+            continue;
+        }
+        if name == header::CONTENT_LENGTH && (!bodiless || no_content) {
+            continue;
+        }
+        dated |= name == header::DATE;
+        // The two-byte separators are pushed: a copy call each would cost more.
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.push(b':');
+        out.push(b' ');
+        out.extend_from_slice(value.as_bytes());
+        out.push(b'\r');
+        out.push(b'\n');
+    }
+    if !dated {
+        date::write(out);
+    }
+    if !keep_alive {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    let encoder = if bodiless {
+        BodyEncoder::Done
+    } else {
+        let declared = || headers.get(header::CONTENT_LENGTH).and_then(|value| digits(value.as_bytes()));
+        match exact.or_else(declared) {
+            Some(length) => {
+                out.extend_from_slice(b"content-length: ");
+                out.extend_from_slice(itoa::Buffer::new().format(length).as_bytes());
+                out.extend_from_slice(b"\r\n");
+                if length == 0 { BodyEncoder::Done } else { BodyEncoder::Length(length) }
+            }
+            None => {
+                out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+                BodyEncoder::Chunked
+            }
+        }
+    };
+    out.extend_from_slice(b"\r\n");
+    encoder
+}
+
+/// The `Date` header, formatted once a second per thread.
+mod date {
+    use std::cell::RefCell;
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    thread_local! {
+        static CACHED: RefCell<(u64, Vec<u8>)> = const { RefCell::new((0, Vec::new())) };
+    }
+
+    pub(super) fn write(out: &mut Vec<u8>) {
+        let now = SystemTime::now();
+        let second = now.duration_since(UNIX_EPOCH).map_or(0, |since| since.as_secs());
+        CACHED.with_borrow_mut(|(cached_second, line)| {
+            if *cached_second != second || line.is_empty() {
+                *cached_second = second;
+                line.clear();
+                line.extend_from_slice(b"date: ");
+                line.extend_from_slice(httpdate::fmt_http_date(now).as_bytes());
+                line.extend_from_slice(b"\r\n");
+            }
+            out.extend_from_slice(line);
+        });
+    }
+}
+
+/// A stream with bytes already read from it put back in front: what hyper
+/// reads first when it takes a connection over.
+pub(super) struct Rewind<S> {
+    prefix: Bytes,
+    stream: S,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Rewind<S> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        if !self.prefix.is_empty() {
+            let n = self.prefix.len().min(buf.remaining());
+            buf.put_slice(&self.prefix.split_to(n));
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Rewind<S> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The head's length, the body's, what answering needs and the fields, as text.
+    type Summary = (usize, u64, Meta, Vec<(String, String)>);
+
+    fn parsed(wire: &str) -> Result<Summary, &'static str> {
+        let mut fields = Vec::new();
+        match parse_head(wire.as_bytes(), &mut fields) {
+            Parsed::Complete(head) => {
+                let text = |(a, b): (usize, usize)| wire[a..b].to_string();
+                let fields = fields.iter().map(|f| (text(f.name), text(f.value))).collect();
+                Ok((head.length, head.body, head.meta, fields))
+            }
+            Parsed::Partial => Err("partial"),
+            Parsed::Other => Err("other"),
+        }
+    }
+
+    #[test]
+    fn usual_requests_are_answered_here_and_the_rest_goes_to_hyper() {
+        let (length, body, meta, fields) =
+            parsed("POST /a?b=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhelloGET").unwrap();
+        assert_eq!((length, body, meta.head, meta.keep_alive), (52, 5, false, true));
+        assert_eq!(fields, [("Host".into(), "x".into()), ("Content-Length".into(), "5".into())]);
+        let (_, body, meta, _) = parsed("HEAD / HTTP/1.1\r\nConnection: keep-alive, Close\r\n\r\n").unwrap();
+        assert_eq!((body, meta.head, meta.keep_alive), (0, true, false));
+        assert_eq!(parsed("GET / HTTP/1.1\r\nHost: x\r\n"), Err("partial"));
+        for other in [
+            "GET / HTTP/1.0\r\n\r\n",
+            "GET http://x/ HTTP/1.1\r\nHost: x\r\n\r\n",
+            "OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n",
+            "CONNECT x:443 HTTP/1.1\r\nHost: x:443\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello",
+            "POST / HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\nhello",
+            "POST / HTTP/1.1\r\nContent-Length: +5\r\n\r\nhello",
+            "POST / HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\nhello",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            "POST / HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 0\r\n\r\n",
+            "GET / HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",
+            "GET / HTTP/1.1\r\nTE: trailers\r\n\r\n",
+            "GET / HTTP/1.1\r\nX-Folded: a\r\n b\r\n\r\n",
+            "G@T / HTTP/1.1\r\n\r\n",
+        ] {
+            assert!(matches!(parsed(other), Err("other")), "{other:?}");
+        }
+    }
+
+    fn head_of(status: StatusCode, headers: &[(&str, &'static str)], body: &str, head_request: bool) -> String {
+        let mut map = HeaderMap::new();
+        for (name, value) in headers {
+            map.append(HeaderName::from_bytes(name.as_bytes()).unwrap(), HeaderValue::from_static(value));
+        }
+        let mut out = Vec::new();
+        encode_head(&mut out, status, &map, Some(body.len() as u64), head_request, true);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn response_heads_carry_the_gateways_framing() {
+        let dated = |head: &str| head.contains("\r\ndate: ");
+        let head = head_of(StatusCode::OK, &[("content-length", "99"), ("x-a", "1")], "hello", false);
+        assert!(
+            head.starts_with("HTTP/1.1 200 OK\r\nx-a: 1\r\n") && head.ends_with("content-length: 5\r\n\r\n"),
+            "{head}"
+        );
+        assert!(dated(&head));
+        let head = head_of(StatusCode::OK, &[("content-length", "1000"), ("date", "then")], "", true);
+        assert_eq!(head, "HTTP/1.1 200 OK\r\ncontent-length: 1000\r\ndate: then\r\n\r\n");
+        let head = head_of(StatusCode::NO_CONTENT, &[("content-length", "5"), ("date", "then")], "", false);
+        assert_eq!(head, "HTTP/1.1 204 No Content\r\ndate: then\r\n\r\n");
+        let head = head_of(StatusCode::NOT_MODIFIED, &[("content-length", "9"), ("date", "then")], "", false);
+        assert_eq!(head, "HTTP/1.1 304 Not Modified\r\ncontent-length: 9\r\ndate: then\r\n\r\n");
+    }
+}
