@@ -1,13 +1,13 @@
 //! The bottom of the request path: what every layer above shares (body
-//! types, problem-details responses, the proxy error, the request ID, per-API
+//! types, the HTTP/1.1 wire pieces both legs write, problem-details responses, the proxy error, the request ID, per-API
 //! request metrics, the registry holding every metric series, the proxy
 //! worker index). It imports nothing from the layers above it, so the path
 //! reads top-down: proxy -> routing -> policy/openapi -> upstream -> tls,
 //! each using only what stands below it.
 
 mod body;
-mod body_encoder;
 mod error;
+pub mod http1_wire;
 mod metric_registry;
 pub mod problem;
 mod request_id;
@@ -18,8 +18,8 @@ pub use body::{
     BodyError, BodyStatus, BoxError, ClientFault, ProxyBody, RequestBody, empty_body_request, full_body,
     full_body_request,
 };
-pub use body_encoder::BodyEncoder;
 pub use error::{Origin, ProxyError, error_chain};
+pub use http1_wire::BodyEncoder;
 pub use metric_registry::MetricRegistry;
 pub use request_id::RequestId;
 pub use request_metrics::{RequestMetrics, UNROUTED};

@@ -1,12 +1,86 @@
-//! How a message body goes on the HTTP/1.1 wire, for both legs that write
-//! one: the request to a target (`upstream::http1`) and the response to a
-//! client (`proxy::http1`).
+//! What both HTTP/1.1 legs the data plane speaks itself share (the
+//! request to a target, `upstream::http1`, and the response to a client,
+//! `proxy::http1`): where a parsed head's fields lie and the header map
+//! made of them, how a body is framed, and writing a buffer out.
 
-use std::io::Write as _;
+use std::io::{self, Write as _};
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use tokio::io::AsyncWrite;
 
 use super::BoxError;
+
+/// A header field's name and value, as byte ranges of the head it was parsed from.
+#[derive(Debug)]
+pub struct Field {
+    pub name: (usize, usize),
+    pub value: (usize, usize),
+}
+
+/// Where `part` (a slice httparse took out of `head`) lies in `head`.
+pub fn range(head: &[u8], part: &[u8]) -> (usize, usize) {
+    let start = part.as_ptr() as usize - head.as_ptr() as usize;
+    (start, start + part.len())
+}
+
+impl Field {
+    pub fn of(head: &[u8], field: &httparse::Header<'_>) -> Field {
+        Field { name: range(head, field.name.as_bytes()), value: range(head, field.value) }
+    }
+}
+
+/// A field the header map's types refuse.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid header field")]
+pub struct InvalidField;
+
+/// Appends `fields`, as they lie in `head`, to `headers`; the values share `head`'s bytes.
+pub fn append_fields(headers: &mut HeaderMap, head: &Bytes, fields: &[Field]) -> Result<(), InvalidField> {
+    for field in fields {
+        // httparse has held names to the token grammar and values to
+        // visible characters, spaces and tabs, as these check again.
+        let name = HeaderName::from_bytes(&head[field.name.0..field.name.1]).map_err(|_| InvalidField)?;
+        let value =
+            HeaderValue::from_maybe_shared(head.slice(field.value.0..field.value.1)).map_err(|_| InvalidField)?;
+        headers.append(name, value);
+    }
+    Ok(())
+}
+
+/// Appends the header line `name: value` to a head being written.
+#[inline]
+pub fn write_field(out: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
+    // The two-byte separators are pushed: a copy call each would cost more.
+    out.extend_from_slice(name.as_str().as_bytes());
+    out.push(b':');
+    out.push(b' ');
+    out.extend_from_slice(value.as_bytes());
+    out.push(b'\r');
+    out.push(b'\n');
+}
+
+/// Writes `buffer` from `written` on; `Ready(Ok)` once all of it is out
+/// and flushed, when the buffer is emptied for the next message.
+pub fn poll_write_out<W: AsyncWrite + Unpin>(
+    io: &mut W,
+    cx: &mut Context<'_>,
+    buffer: &mut Vec<u8>,
+    written: &mut usize,
+) -> Poll<io::Result<()>> {
+    while *written < buffer.len() {
+        let n = ready!(Pin::new(&mut *io).poll_write(cx, &buffer[*written..]))?;
+        if n == 0 {
+            return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+        }
+        *written += n;
+    }
+    buffer.clear();
+    *written = 0;
+    Pin::new(io).poll_flush(cx)
+}
 
 /// The framing of a body being written, with what is left of it.
 #[derive(Debug)]
@@ -19,6 +93,28 @@ pub enum BodyEncoder {
 }
 
 impl BodyEncoder {
+    /// Says in a head (`out`) how a body of `length` (`None`: not known
+    /// ahead) follows, and returns its encoder.
+    pub fn announce(out: &mut Vec<u8>, length: Option<u64>) -> BodyEncoder {
+        match length {
+            Some(length) => {
+                out.extend_from_slice(b"content-length: ");
+                out.extend_from_slice(itoa::Buffer::new().format(length).as_bytes());
+                out.extend_from_slice(b"\r\n");
+                BodyEncoder::Length(length)
+            }
+            None => {
+                out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+                BodyEncoder::Chunked
+            }
+        }
+    }
+
+    /// Whether nothing (more) is to be written.
+    pub fn is_done(&self) -> bool {
+        matches!(self, BodyEncoder::Done | BodyEncoder::Length(0))
+    }
+
     /// Appends `data`, framed, to `out`.
     pub fn encode(&mut self, out: &mut Vec<u8>, data: &Bytes) -> Result<(), BoxError> {
         match self {

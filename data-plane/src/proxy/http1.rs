@@ -26,7 +26,7 @@ use std::task::{Context, Poll, Waker, ready};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap};
 use http::uri::PathAndQuery;
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body::{Body as _, Frame, SizeHint};
@@ -37,6 +37,7 @@ use super::idle::ConnectionActivity;
 use super::log::LoggedBody;
 use super::when_woken::WhenWoken;
 use super::{Peer, Shared, client_body, handle};
+use crate::base::http1_wire::{self, Field};
 use crate::base::{BodyEncoder, BodyStatus, BoxError, RequestBody, empty_body_request, full_body_request};
 
 /// A head still incomplete at this size goes to hyper, which reads on to
@@ -159,12 +160,6 @@ struct Meta {
     keep_alive: bool,
 }
 
-/// A header field's name and value, as byte ranges of the head.
-struct Field {
-    name: (usize, usize),
-    value: (usize, usize),
-}
-
 /// A parsed request head.
 struct Head {
     /// Bytes of the head.
@@ -229,15 +224,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientConnection<S> {
         let mut headers = std::mem::take(&mut self.headers);
         // Room for what the forward adds (`X-Forwarded-*`, `Via`) without growing the map.
         headers.reserve(self.fields.len() + 4);
-        for field in &self.fields {
-            // httparse has held names to the token grammar and values to
-            // visible characters, spaces and tabs, as these check again.
-            let name = HeaderName::from_bytes(&bytes[field.name.0..field.name.1]);
-            let value = HeaderValue::from_maybe_shared(bytes.slice(field.value.0..field.value.1));
-            match (name, value) {
-                (Ok(name), Ok(value)) => headers.append(name, value),
-                _ => return self.put_back(bytes),
-            };
+        if http1_wire::append_fields(&mut headers, &bytes, &self.fields).is_err() {
+            return self.put_back(bytes);
         }
         let arrived = bytes.len() - head.length;
         let mut request = Request::new(());
@@ -297,7 +285,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientConnection<S> {
         let mut headers = parts.headers;
         headers.clear();
         self.headers = headers;
-        if matches!(encoder, BodyEncoder::Done) {
+        if encoder.is_done() {
             // Never polled: a HEAD answer or a 204 sends no body, whatever the body holds.
             drop(body);
             std::future::poll_fn(|cx| self.poll_write_out(cx)).await?;
@@ -380,16 +368,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientConnection<S> {
 
     /// Writes what is buffered; `Ready(Ok)` once all of it is out and flushed.
     fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        while self.written < self.write.len() {
-            let n = ready!(Pin::new(&mut self.stream).poll_write(cx, &self.write[self.written..]))?;
-            if n == 0 {
-                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
-            }
-            self.written += n;
-        }
-        self.write.clear();
-        self.written = 0;
-        Pin::new(&mut self.stream).poll_flush(cx)
+        http1_wire::poll_write_out(&mut self.stream, cx, &mut self.write, &mut self.written)
     }
 }
 
@@ -484,11 +463,6 @@ fn parse_head(buffer: &[u8], fields: &mut Vec<Field>) -> Parsed {
     if method == Method::CONNECT {
         return Parsed::Other;
     }
-    let base = buffer.as_ptr() as usize;
-    let range = |slice: &[u8]| {
-        let start = slice.as_ptr() as usize - base;
-        (start, start + slice.len())
-    };
     fields.clear();
     let mut content_length = None::<u64>;
     let mut keep_alive = true;
@@ -514,11 +488,17 @@ fn parse_head(buffer: &[u8], fields: &mut Vec<Field>) -> Parsed {
         {
             return Parsed::Other;
         }
-        fields.push(Field { name: range(name), value: range(field.value) });
+        fields.push(Field::of(buffer, field));
     }
     let body = content_length.unwrap_or(0);
     let head = method == Method::HEAD;
-    Parsed::Complete(Head { length, body, method, target: range(target.as_bytes()), meta: Meta { head, keep_alive } })
+    Parsed::Complete(Head {
+        length,
+        body,
+        method,
+        target: http1_wire::range(buffer, target.as_bytes()),
+        meta: Meta { head, keep_alive },
+    })
 }
 
 /// `1*DIGIT` that fits in 64 bits.
@@ -559,13 +539,7 @@ fn encode_head(
             continue;
         }
         dated |= name == header::DATE;
-        // The two-byte separators are pushed: a copy call each would cost more.
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.push(b':');
-        out.push(b' ');
-        out.extend_from_slice(value.as_bytes());
-        out.push(b'\r');
-        out.push(b'\n');
+        http1_wire::write_field(out, name, value);
     }
     if !dated {
         date::write(out);
@@ -577,18 +551,7 @@ fn encode_head(
         BodyEncoder::Done
     } else {
         let declared = || headers.get(header::CONTENT_LENGTH).and_then(|value| digits(value.as_bytes()));
-        match exact.or_else(declared) {
-            Some(length) => {
-                out.extend_from_slice(b"content-length: ");
-                out.extend_from_slice(itoa::Buffer::new().format(length).as_bytes());
-                out.extend_from_slice(b"\r\n");
-                if length == 0 { BodyEncoder::Done } else { BodyEncoder::Length(length) }
-            }
-            None => {
-                out.extend_from_slice(b"transfer-encoding: chunked\r\n");
-                BodyEncoder::Chunked
-            }
-        }
+        BodyEncoder::announce(out, exact.or_else(declared))
     };
     out.extend_from_slice(b"\r\n");
     encoder
@@ -665,6 +628,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Rewind<S> {
 
 #[cfg(test)]
 mod tests {
+    use http::header::{HeaderName, HeaderValue};
+
     use super::*;
 
     /// The head's length, the body's, what answering needs and the fields, as text.

@@ -24,13 +24,13 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use hyper_util::rt::TokioIo;
-use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 use tokio_util::either::Either;
 use tokio_util::io::poll_read_buf;
 
 use super::Target;
+use crate::base::http1_wire::{self, Field};
 use crate::base::{BodyEncoder, BodyError, BoxError, RequestBody};
 
 /// The most a response head may take, status line and headers together.
@@ -142,16 +142,7 @@ impl Connection {
 
     /// Writes what is buffered; `Ready(Ok)` once all of it is out and flushed.
     fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        while self.written < self.write.len() {
-            let n = ready!(Pin::new(&mut self.io).poll_write(cx, &self.write[self.written..]))?;
-            if n == 0 {
-                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
-            }
-            self.written += n;
-        }
-        self.write.clear();
-        self.written = 0;
-        Pin::new(&mut self.io).poll_flush(cx)
+        http1_wire::poll_write_out(&mut self.io, cx, &mut self.write, &mut self.written)
     }
 
     /// Sends `request` and reads the response head, which must have come
@@ -299,16 +290,8 @@ impl Connection {
         let bytes = self.read.split_to(head.length).freeze();
         // Room for what the proxy adds (`Via`, the request ID) without growing the map.
         headers.reserve(self.fields.len() + 2);
-        for field in &self.fields {
-            // httparse has held names to the token grammar and values to
-            // visible characters, spaces and tabs, as these check again.
-            let name = HeaderName::from_bytes(&bytes[field.name.0..field.name.1]);
-            let value = HeaderValue::from_maybe_shared(bytes.slice(field.value.0..field.value.1));
-            match (name, value) {
-                (Ok(name), Ok(value)) => headers.append(name, value),
-                _ => return Err(ExchangeError::Invalid("invalid header field")),
-            };
-        }
+        http1_wire::append_fields(&mut headers, &bytes, &self.fields)
+            .map_err(|_| ExchangeError::Invalid("invalid header field"))?;
         let framing =
             if head_request || head.status == StatusCode::NO_CONTENT || head.status == StatusCode::NOT_MODIFIED {
                 Framing::Length(0)
@@ -365,13 +348,7 @@ fn encode_head(
         if name == header::TRANSFER_ENCODING {
             continue;
         }
-        // The two-byte separators are pushed: a copy call each would cost more.
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.push(b':');
-        out.push(b' ');
-        out.extend_from_slice(value.as_bytes());
-        out.push(b'\r');
-        out.push(b'\n');
+        http1_wire::write_field(out, name, value);
     }
     let outgoing = if body.is_end_stream() {
         // An empty body is still said for methods that carry one, and when the client said so.
@@ -380,18 +357,7 @@ fn encode_head(
         }
         BodyEncoder::Done
     } else {
-        match body.size_hint().exact().or(declared) {
-            Some(length) => {
-                out.extend_from_slice(b"content-length: ");
-                out.extend_from_slice(itoa::Buffer::new().format(length).as_bytes());
-                out.extend_from_slice(b"\r\n");
-                BodyEncoder::Length(length)
-            }
-            None => {
-                out.extend_from_slice(b"transfer-encoding: chunked\r\n");
-                BodyEncoder::Chunked
-            }
-        }
+        BodyEncoder::announce(out, body.size_hint().exact().or(declared))
     };
     out.extend_from_slice(b"\r\n");
     outgoing
@@ -404,12 +370,6 @@ struct Head {
     version: Version,
     framing: Framing,
     keep_alive: bool,
-}
-
-/// A header field's name and value, as byte ranges of the head.
-struct Field {
-    name: (usize, usize),
-    value: (usize, usize),
 }
 
 /// `None` while the head is incomplete. Where the header fields are goes
@@ -429,11 +389,6 @@ fn parse_head(buffer: &[u8], fields: &mut Vec<Field>) -> Result<Option<Head>, Ex
     let code = response.code.unwrap_or_default();
     let status = StatusCode::from_u16(code).map_err(|_| ExchangeError::Invalid("bad status code"))?;
     let version = if response.version == Some(0) { Version::HTTP_10 } else { Version::HTTP_11 };
-    let base = buffer.as_ptr() as usize;
-    let range = |slice: &[u8]| {
-        let start = slice.as_ptr() as usize - base;
-        (start, start + slice.len())
-    };
     fields.clear();
     let mut lengths = None::<u64>;
     let mut chunked = None::<bool>;
@@ -466,7 +421,7 @@ fn parse_head(buffer: &[u8], fields: &mut Vec<Field>) -> Result<Option<Head>, Ex
                 connection_keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
             }
         }
-        fields.push(Field { name: range(name), value: range(field.value) });
+        fields.push(Field::of(buffer, field));
     }
     // RFC 9112 §6.3: Transfer-Encoding wins over Content-Length; without either the body runs to the close.
     let framing = match (chunked, lengths) {
