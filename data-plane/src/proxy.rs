@@ -205,14 +205,15 @@ impl Peer {
     }
 }
 
-/// Not an `async fn`, and neither are the steps it awaits: an async fn's
-/// future holds each argument twice (as passed, and moved into the body),
-/// and hyper keeps this future in a per-connection allocation and moves it
-/// in for every request, so every byte counts once per open connection.
-#[allow(clippy::manual_async_fn, reason = "see the doc comment")]
-///
+/// One request, from its head to the response ready for the client.
 /// `body` is the status of the request's body, when it has one (see
 /// `client_body::watch`); `started` is when its head had arrived.
+///
+/// Not an `async fn`, and neither are the steps it awaits: an async fn's
+/// future holds each argument twice (as passed, and moved into the body),
+/// and this future is held in every open connection's task (`http1`) or
+/// allocation (hyper), so every byte counts once per open connection.
+#[allow(clippy::manual_async_fn, reason = "see the doc comment")]
 fn handle(
     request: Request<RequestBody>,
     body: Option<BodyStatus>,
