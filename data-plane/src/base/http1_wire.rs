@@ -32,6 +32,14 @@ impl Field {
     }
 }
 
+/// A `Content-Length` value: `1*DIGIT` that fits in 64 bits (no sign, no list, no spaces).
+pub fn content_length(value: &[u8]) -> Option<u64> {
+    if value.is_empty() || !value.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    value.iter().try_fold(0u64, |n, digit| n.checked_mul(10)?.checked_add(u64::from(digit - b'0')))
+}
+
 /// A field the header map's types refuse.
 #[derive(Debug, thiserror::Error)]
 #[error("invalid header field")]

@@ -84,16 +84,12 @@ where
         fields: Vec::new(),
         headers: HeaderMap::new(),
     };
-    // Set once `ending` has resolved: it is not polled again, and the
-    // request in flight is the last.
+    // Set once `ending` has resolved (see `poll_ended`): the request in flight is the last.
     let mut ended = false;
     let body_timeout = shared.options.client_body_timeout;
     loop {
         let next = std::future::poll_fn(|cx| {
-            if !ended && Pin::new(&mut *ending).poll(cx).is_ready() {
-                ended = true;
-            }
-            if ended {
+            if poll_ended(ending, &mut ended, cx) {
                 // Idle, or shutting down between requests: nothing is in flight.
                 return Poll::Ready(Next::Close);
             }
@@ -107,9 +103,7 @@ where
         };
         let mut response = pin!(handle(request, body, started, shared.clone(), client.clone(), activity.begin()));
         let response = std::future::poll_fn(|cx| {
-            if !ended && Pin::new(&mut *ending).poll(cx).is_ready() {
-                ended = true;
-            }
+            poll_ended(ending, &mut ended, cx);
             loop {
                 if let Poll::Ready(response) = response.as_mut().poll(cx) {
                     return Poll::Ready(response);
@@ -133,6 +127,14 @@ where
     // reads nothing more must not hold the task.
     let _ = tokio::time::timeout(SHUTDOWN_GRACE, connection.stream.shutdown()).await;
     Served::Closed
+}
+
+/// Whether `ending` has resolved, now or before (`ended`); once it has, it is not polled again.
+fn poll_ended<E: Future + Unpin>(ending: &mut WhenWoken<E>, ended: &mut bool, cx: &mut Context<'_>) -> bool {
+    if !*ended && Pin::new(ending).poll(cx).is_ready() {
+        *ended = true;
+    }
+    *ended
 }
 
 #[allow(clippy::large_enum_variant, reason = "a request is the usual case: boxing it would cost an allocation each")]
@@ -472,7 +474,7 @@ fn parse_head(buffer: &[u8], fields: &mut Vec<Field>) -> Parsed {
             // One length of digits alone; a repeat, a list or a sign is hyper's to judge.
             match content_length {
                 None => {
-                    content_length = Some(match digits(field.value) {
+                    content_length = Some(match http1_wire::content_length(field.value) {
                         Some(n) => n,
                         None => return Parsed::Other,
                     })
@@ -501,14 +503,6 @@ fn parse_head(buffer: &[u8], fields: &mut Vec<Field>) -> Parsed {
     })
 }
 
-/// `1*DIGIT` that fits in 64 bits.
-fn digits(value: &[u8]) -> Option<u64> {
-    if value.is_empty() || value.len() > 19 || !value.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    value.iter().try_fold(0u64, |n, digit| n.checked_mul(10)?.checked_add(u64::from(digit - b'0')))
-}
-
 /// Writes the response head into `out` and says how the body follows.
 ///
 /// The framing is the gateway's: a body of known size (`exact`) gets its
@@ -530,13 +524,16 @@ fn encode_head(
     out.extend_from_slice(b"\r\n");
     let no_content = status.is_informational() || status == StatusCode::NO_CONTENT;
     let bodiless = no_content || head_request || status == StatusCode::NOT_MODIFIED;
-    let mut dated = false;
+    let (mut dated, mut declared) = (false, None);
     for (name, value) in headers {
         if name == header::TRANSFER_ENCODING || name == header::CONNECTION {
             continue;
         }
-        if name == header::CONTENT_LENGTH && (!bodiless || no_content) {
-            continue;
+        if name == header::CONTENT_LENGTH {
+            declared = http1_wire::content_length(value.as_bytes());
+            if !bodiless || no_content {
+                continue;
+            }
         }
         dated |= name == header::DATE;
         http1_wire::write_field(out, name, value);
@@ -547,12 +544,7 @@ fn encode_head(
     if !keep_alive {
         out.extend_from_slice(b"connection: close\r\n");
     }
-    let encoder = if bodiless {
-        BodyEncoder::Done
-    } else {
-        let declared = || headers.get(header::CONTENT_LENGTH).and_then(|value| digits(value.as_bytes()));
-        BodyEncoder::announce(out, exact.or_else(declared))
-    };
+    let encoder = if bodiless { BodyEncoder::Done } else { BodyEncoder::announce(out, exact.or(declared)) };
     out.extend_from_slice(b"\r\n");
     encoder
 }

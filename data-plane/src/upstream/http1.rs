@@ -398,12 +398,7 @@ fn parse_head(buffer: &[u8], fields: &mut Vec<Field>) -> Result<Option<Head>, Ex
         let name = field.name.as_bytes();
         if name.eq_ignore_ascii_case(b"content-length") {
             for value in field.value.split(|b| *b == b',') {
-                // Digits only: `parse` would also take a sign.
-                let value = value.trim_ascii();
-                let n = std::str::from_utf8(value)
-                    .ok()
-                    .filter(|_| value.iter().all(u8::is_ascii_digit))
-                    .and_then(|digits| digits.parse::<u64>().ok())
+                let n = http1_wire::content_length(value.trim_ascii())
                     .ok_or(ExchangeError::Invalid("bad Content-Length"))?;
                 if lengths.is_some_and(|seen| seen != n) {
                     return Err(ExchangeError::Invalid("differing Content-Length values"));
