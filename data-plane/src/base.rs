@@ -15,7 +15,7 @@ mod request_metrics;
 pub mod worker;
 
 pub use body::{
-    BodyError, BodyStatus, BoxError, ClientFault, ProxyBody, RequestBody, empty_body_request, full_body,
+    BodyError, BodyStatus, BoxError, ClientFault, ProxyBody, RequestBody, boxed_body, empty_body_request, full_body,
     full_body_request,
 };
 pub use error::{Origin, ProxyError, error_chain};

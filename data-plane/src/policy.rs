@@ -196,7 +196,7 @@ impl PolicyChain {
     }
 
     /// An API without policies goes straight to the upstream.
-    fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         let PolicyChain { api: _, cors, ip_restriction, size_limit, auth, rate_limit, headers, openapi } = self;
         cors.is_none()
             && ip_restriction.is_none()

@@ -207,7 +207,8 @@ impl Peer {
 
 /// One request, from its head to the response ready for the client.
 /// `body` is the status of the request's body, when it has one (see
-/// `client_body::watch`); `started` is when its head had arrived.
+/// `client_body::watch`); `started` is when its head had arrived;
+/// `fields_as_sent`: see `log::Exchange::fields_as_sent`.
 ///
 /// Not an `async fn`, and neither are the steps it awaits: an async fn's
 /// future holds each argument twice (as passed, and moved into the body),
@@ -221,6 +222,7 @@ fn handle(
     shared: Arc<Shared>,
     peer: Peer,
     active: ActiveRequest,
+    fields_as_sent: bool,
 ) -> impl Future<Output = Result<Response<LoggedBody>, Infallible>> {
     async move {
         let mut request = request;
@@ -251,6 +253,7 @@ fn handle(
             status: StatusCode::OK,
             grpc_status: None,
             access_log,
+            fields_as_sent,
             in_flight: None,
             table: None,
             trace,

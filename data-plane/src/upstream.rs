@@ -8,6 +8,7 @@ mod balance;
 mod connections;
 mod health;
 mod http1;
+pub use http1::ResponseBody;
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -298,7 +299,9 @@ impl UpstreamPool {
     /// connection when there is one. The URI is origin-form for HTTP/1.1
     /// (with a `Host` header), absolute for HTTP/2. `upgrade`: the request
     /// asks to switch protocols (its headers say which). `deadline`: when
-    /// the attempt times out if no response head has come.
+    /// the attempt times out if no response head has come. `as_sent`: an
+    /// HTTP/1.1 target's header fields may stay as it sent them, out of the
+    /// response's header map (see `ResponseBody::fields_as_sent`).
     pub fn send(
         &self,
         target: &Arc<Target>,
@@ -306,8 +309,9 @@ impl UpstreamPool {
         connect_timeout: Duration,
         upgrade: bool,
         deadline: tokio::time::Instant,
+        as_sent: bool,
     ) -> impl Future<Output = Result<Response<ProxyBody>, SendError>> {
-        self.dialer.send(target, request, connect_timeout, upgrade, deadline)
+        self.dialer.send(target, request, connect_timeout, upgrade, deadline, as_sent)
     }
 
     /// Picks a target for an attempt of a request (and marks it `tried`):

@@ -5,12 +5,61 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty, Full};
 
-/// Body type on both legs of the proxy: a boxed stream, never buffered.
-pub type ProxyBody = BoxBody<Bytes, BodyError>;
+use crate::upstream::ResponseBody;
+
+/// Body type of a response on its way to the client, a stream, never
+/// buffered: an HTTP/1.1 target's body as it reads from the target's
+/// connection, or any other body, boxed. The first is not boxed: that saves
+/// an allocation per response, and the client's writer can take the
+/// target's header fields from it as they were sent (see
+/// `ResponseBody::fields_as_sent`).
+#[derive(Debug)]
+pub enum ProxyBody {
+    Target(ResponseBody),
+    Boxed(BoxBody<Bytes, BodyError>),
+}
+
+/// Any other body in the proxy's body type.
+pub fn boxed_body<B>(body: B) -> ProxyBody
+where
+    B: Body<Data = Bytes, Error = BodyError> + Send + Sync + 'static,
+{
+    ProxyBody::Boxed(body.boxed())
+}
+
+impl Body for ProxyBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        match self.get_mut() {
+            ProxyBody::Target(body) => Pin::new(body).poll_frame(cx),
+            ProxyBody::Boxed(body) => Pin::new(body).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ProxyBody::Target(body) => body.is_end_stream(),
+            ProxyBody::Boxed(body) => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ProxyBody::Target(body) => body.size_hint(),
+            ProxyBody::Boxed(body) => body.size_hint(),
+        }
+    }
+}
 
 /// Why a response body failed part-way. A target's body is read by hyper
 /// (HTTP/2, upgrades) or by `upstream::http1`, each with errors of its own.
@@ -46,7 +95,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A fully known response body in the proxy's body type.
 pub fn full_body(bytes: Bytes) -> ProxyBody {
-    Full::new(bytes).map_err(|never| match never {}).boxed()
+    boxed_body(Full::new(bytes).map_err(|never| match never {}))
 }
 
 /// A fully known request body (one buffered for validation).

@@ -8,10 +8,40 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
-use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use tokio::io::AsyncWrite;
 
 use super::BoxError;
+
+/// Headers that describe one hop, never the end-to-end message (RFC 9110
+/// §7.6.1). Not `Trailer`: it names the trailer fields of the message, end
+/// to end, and an HTTP/1.1 server sends only the trailers it names.
+pub const HOP_BY_HOP: [HeaderName; 7] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRANSFER_ENCODING,
+];
+
+/// Whether a field named `name` (as it came on the wire, in any case)
+/// describes one hop: one of [`HOP_BY_HOP`], or `Upgrade`. By length first:
+/// this runs on every field of every response head from a target.
+pub fn is_hop_by_hop(name: &[u8]) -> bool {
+    let same_length: &[&[u8]] = match name.len() {
+        2 => &[b"te"],
+        7 => &[b"upgrade"],
+        10 => &[b"connection", b"keep-alive"],
+        16 => &[b"proxy-connection"],
+        17 => &[b"transfer-encoding"],
+        18 => &[b"proxy-authenticate"],
+        19 => &[b"proxy-authorization"],
+        _ => return false,
+    };
+    same_length.iter().any(|hop| name.eq_ignore_ascii_case(hop))
+}
 
 /// A header field's name and value, as byte ranges of the head it was parsed from.
 #[derive(Debug)]
@@ -61,11 +91,18 @@ pub fn append_fields(headers: &mut HeaderMap, head: &Bytes, fields: &[Field]) ->
 /// Appends the header line `name: value` to a head being written.
 #[inline]
 pub fn write_field(out: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
+    write_line(out, name.as_str().as_bytes(), value.as_bytes());
+}
+
+/// Appends the header line `name: value` to a head being written, from
+/// the bytes of a head httparse took (which hold to the field grammar).
+#[inline]
+pub fn write_line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     // The two-byte separators are pushed: a copy call each would cost more.
-    out.extend_from_slice(name.as_str().as_bytes());
+    out.extend_from_slice(name);
     out.push(b':');
     out.push(b' ');
-    out.extend_from_slice(value.as_bytes());
+    out.extend_from_slice(value);
     out.push(b'\r');
     out.push(b'\n');
 }
@@ -158,6 +195,17 @@ impl BodyEncoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hop_by_hop_names_are_told_in_any_case_and_no_others() {
+        for name in HOP_BY_HOP.iter().map(HeaderName::as_str).chain(["upgrade"]) {
+            assert!(is_hop_by_hop(name.as_bytes()), "{name}");
+            assert!(is_hop_by_hop(name.to_ascii_uppercase().as_bytes()), "{name}");
+        }
+        for name in ["trailer", "content-length", "via", "date", "te-", "connectio", "keep-alives", ""] {
+            assert!(!is_hop_by_hop(name.as_bytes()), "{name}");
+        }
+    }
 
     #[test]
     fn frames_by_length_or_in_chunks_and_refuses_the_wrong_length() {

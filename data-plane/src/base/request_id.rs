@@ -74,10 +74,17 @@ impl RequestId {
         std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or("")
     }
 
-    /// The ID as a header value of its own (one small allocation).
+    /// The ID as a header value of its own: one small allocation, which its
+    /// clones share (a copied slice would be allocated again by the first clone).
     pub fn to_header(&self) -> HeaderValue {
         // ASCII without controls: always a valid header value.
-        HeaderValue::from_bytes(&self.bytes[..usize::from(self.len)]).unwrap_or(HeaderValue::from_static("-"))
+        HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(*self)).unwrap_or(HeaderValue::from_static("-"))
+    }
+}
+
+impl AsRef<[u8]> for RequestId {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
     }
 }
 

@@ -13,22 +13,11 @@ use hyper_util::rt::TokioIo;
 use super::inbound::HopByHop;
 use super::log::Exchange;
 use super::{Peer, ProxyOptions};
+use crate::base::http1_wire::HOP_BY_HOP;
 use crate::base::{BodyStatus, ClientFault, ProxyBody, ProxyError, RequestBody, empty_body_request};
 use crate::routing::CompiledApi;
 use crate::upstream::{InFlight, SendError, Target, Tried};
 
-/// Headers that describe one hop, never the end-to-end message (RFC 9110
-/// §7.6.1). Not `Trailer`: it names the trailer fields of the message, end
-/// to end, and an HTTP/1.1 server sends only the trailers it names.
-pub(super) const HOP_BY_HOP: [HeaderName; 7] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRANSFER_ENCODING,
-];
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
@@ -219,7 +208,9 @@ fn send<'a>(
             let attempt_started = tokio::time::Instant::now();
             let deadline = attempt_started + api.request_timeout;
             let upgrade = outgoing.client_upgrade.is_some();
-            match pool.send(&target, request, api.connect_timeout, upgrade, deadline).await {
+            // No policy may see or change the target's header fields when they stay out of the map.
+            let as_sent = exchange.fields_as_sent && api.policies.is_empty();
+            match pool.send(&target, request, api.connect_timeout, upgrade, deadline, as_sent).await {
                 Ok(response) => {
                     let elapsed = attempt_started.elapsed();
                     pool.record_latency(elapsed);

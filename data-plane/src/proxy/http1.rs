@@ -26,7 +26,7 @@ use std::task::{Context, Poll, Waker, ready};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use http::header::{self, HeaderMap};
+use http::header::{self, HeaderMap, HeaderName};
 use http::uri::PathAndQuery;
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body::{Body as _, Frame, SizeHint};
@@ -101,7 +101,7 @@ where
             Next::HandOff => return Served::HandOff(connection.hand_off()),
             Next::Close => break,
         };
-        let mut response = pin!(handle(request, body, started, shared.clone(), client.clone(), activity.begin()));
+        let mut response = pin!(handle(request, body, started, shared.clone(), client.clone(), activity.begin(), true));
         let response = std::future::poll_fn(|cx| {
             poll_ended(ending, &mut ended, cx);
             loop {
@@ -118,7 +118,8 @@ where
         // Closed after this answer: when the client asks, on shutdown, and when
         // its body was not read to the end (the rest would be taken for the next request).
         let keep_alive = meta.keep_alive && !ended && feed.as_ref().is_none_or(|feed| lock(feed).complete());
-        let written = connection.respond(response, meta.head, keep_alive, feed.as_ref()).await;
+        let replaced = &shared.options.request_id_header;
+        let written = connection.respond(response, meta.head, keep_alive, feed.as_ref(), replaced).await;
         if written.is_err() || !keep_alive {
             break;
         }
@@ -273,17 +274,22 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientConnection<S> {
     /// Writes `response`: its head, then its body as the body yields it.
     /// An error means the connection cannot carry another request (the
     /// client went, or the body failed after the head was sent: the client
-    /// learns of it by the close).
+    /// learns of it by the close). `replaced`: the header the gateway sets
+    /// in every response (the request ID), whose target's value goes no further.
     async fn respond(
         &mut self,
         response: Response<LoggedBody>,
         head_request: bool,
         keep_alive: bool,
         feed: Option<&Arc<Mutex<Feed>>>,
+        replaced: &HeaderName,
     ) -> io::Result<()> {
         let (parts, body) = response.into_parts();
         let exact = body.size_hint().exact();
-        let mut encoder = encode_head(&mut self.write, parts.status, &parts.headers, exact, head_request, keep_alive);
+        // Before the body is polled (see `ResponseBody::fields_as_sent`).
+        let as_sent = body.fields_as_sent().map(|fields| AsSent { fields, replaced });
+        let mut encoder =
+            encode_head(&mut self.write, parts.status, &parts.headers, as_sent, exact, head_request, keep_alive);
         let mut headers = parts.headers;
         headers.clear();
         self.headers = headers;
@@ -509,10 +515,14 @@ fn parse_head(buffer: &[u8], fields: &mut Vec<Field>) -> Parsed {
 /// `Content-Length`, another is chunked. A HEAD answer and a 304 keep the
 /// `Content-Length` they carry (it describes the resource) and send no body;
 /// a 1xx or 204 has neither. `Date` is added where the response has none.
-fn encode_head(
+/// A target's fields kept as it sent them (`as_sent`) go first, then the
+/// map's: what the gateway adds to a list field such as `Via` follows
+/// what came before it.
+fn encode_head<'a>(
     out: &mut Vec<u8>,
     status: StatusCode,
     headers: &HeaderMap,
+    as_sent: Option<AsSent<'_, impl Iterator<Item = (&'a [u8], &'a [u8])>>>,
     exact: Option<u64>,
     head_request: bool,
     keep_alive: bool,
@@ -525,6 +535,23 @@ fn encode_head(
     let no_content = status.is_informational() || status == StatusCode::NO_CONTENT;
     let bodiless = no_content || head_request || status == StatusCode::NOT_MODIFIED;
     let (mut dated, mut declared) = (false, None);
+    if let Some(AsSent { fields, replaced }) = as_sent {
+        // No hop-by-hop field is among them (see `ResponseBody::fields_as_sent`).
+        let replaced = replaced.as_str().as_bytes();
+        for (name, value) in fields {
+            if name.eq_ignore_ascii_case(replaced) {
+                continue;
+            }
+            if name.eq_ignore_ascii_case(b"content-length") {
+                declared = http1_wire::content_length(value);
+                if !bodiless || no_content {
+                    continue;
+                }
+            }
+            dated |= name.eq_ignore_ascii_case(b"date");
+            http1_wire::write_line(out, name, value);
+        }
+    }
     for (name, value) in headers {
         if name == header::TRANSFER_ENCODING || name == header::CONNECTION {
             continue;
@@ -547,6 +574,12 @@ fn encode_head(
     let encoder = if bodiless { BodyEncoder::Done } else { BodyEncoder::announce(out, exact.or(declared)) };
     out.extend_from_slice(b"\r\n");
     encoder
+}
+
+/// A target's header fields as it sent them, and the one the gateway replaces.
+struct AsSent<'r, I> {
+    fields: I,
+    replaced: &'r HeaderName,
 }
 
 /// The `Date` header, formatted once a second per thread.
@@ -675,8 +708,33 @@ mod tests {
             map.append(HeaderName::from_bytes(name.as_bytes()).unwrap(), HeaderValue::from_static(value));
         }
         let mut out = Vec::new();
-        encode_head(&mut out, status, &map, Some(body.len() as u64), head_request, true);
+        let none = None::<AsSent<'_, std::iter::Empty<(&[u8], &[u8])>>>;
+        encode_head(&mut out, status, &map, none, Some(body.len() as u64), head_request, true);
         String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn a_targets_fields_as_sent_go_first_less_its_framing_and_the_replaced_header() {
+        let mut map = HeaderMap::new();
+        map.insert(header::VIA, HeaderValue::from_static("1.1 sluice"));
+        map.insert("x-request-id", HeaderValue::from_static("ours"));
+        let fields: [(&[u8], &[u8]); 5] = [
+            (b"Content-Type", b"text/plain"),
+            (b"Content-Length", b"99"),
+            (b"X-Request-ID", b"theirs"),
+            (b"Via", b"1.0 inner"),
+            (b"Date", b"then"),
+        ];
+        let replaced = HeaderName::from_static("x-request-id");
+        let as_sent = Some(AsSent { fields: fields.into_iter(), replaced: &replaced });
+        let mut out = Vec::new();
+        let encoder = encode_head(&mut out, StatusCode::OK, &map, as_sent, Some(5), false, true);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nVia: 1.0 inner\r\nDate: then\r\n\
+             via: 1.1 sluice\r\nx-request-id: ours\r\ncontent-length: 5\r\n\r\n"
+        );
+        assert!(matches!(encoder, BodyEncoder::Length(5)));
     }
 
     #[test]

@@ -10,14 +10,15 @@
 //! Before all of it, the request ID: the client's when well-formed, else a
 //! new one, so even a request refused here is answered with it.
 
-use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::header::{Entry, HeaderMap, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Request, Uri, Version, header};
 use sluice_proto::host::{CanonicalHost, HostError, canonical_host};
 use sluice_proto::path::canonical_path;
 
-use super::forward::{HOP_BY_HOP, named_in_connection};
+use super::forward::named_in_connection;
 use super::log::Exchange;
+use crate::base::http1_wire::HOP_BY_HOP;
 use crate::base::{ProxyError, RequestId};
 use crate::policy::X_CONSUMER_USERNAME;
 
@@ -72,17 +73,28 @@ const HTTP2_SETTINGS: HeaderName = HeaderName::from_static("http2-settings");
 /// malformed, it is replaced by a new ID, in the request too, which then
 /// carries it upstream.
 pub(super) fn request_id(headers: &mut HeaderMap, name: &HeaderName) -> (RequestId, HeaderValue) {
-    let mut sent = headers.get_all(name).iter();
-    if let (Some(value), None) = (sent.next(), sent.next())
-        && let Some(id) = RequestId::parse(value.as_bytes())
-    {
-        // Shared, not copied: the response head that holds it is written long
-        // before the read buffer behind it is reused.
-        return (id, value.clone());
+    // One lookup of the name, whether the client sent it or not.
+    let entry = headers.entry(name);
+    if let Entry::Occupied(sent) = &entry {
+        let mut values = sent.iter();
+        if let (Some(value), None) = (values.next(), values.next())
+            && let Some(id) = RequestId::parse(value.as_bytes())
+        {
+            // Shared, not copied: the response head that holds it is written long
+            // before the read buffer behind it is reused.
+            return (id, value.clone());
+        }
     }
     let id = RequestId::make();
     let value = id.to_header();
-    headers.insert(name, value.clone());
+    match entry {
+        Entry::Occupied(mut sent) => {
+            sent.insert(value.clone());
+        }
+        Entry::Vacant(absent) => {
+            absent.insert(value.clone());
+        }
+    }
     (id, value)
 }
 
@@ -98,13 +110,14 @@ pub(super) fn clean_headers(
 ) -> Result<HopByHop, ProxyError> {
     let (mut total, mut hop_by_hop, mut underscores, mut gateway_set) = (0usize, false, false, false);
     for (name, value) in headers.iter() {
-        let size = name.as_str().len() + value.len();
+        let spelled = name.as_str();
+        let size = spelled.len() + value.len();
         if size > limits.field as usize {
             return Err(ProxyError::HeadersTooLarge { limit: limits.field, what: "one request header" });
         }
         total += size + 4;
         hop_by_hop |= HOP_BY_HOP.contains(name) || name == header::UPGRADE;
-        underscores |= name.as_str().contains('_');
+        underscores |= spelled.as_bytes().contains(&b'_');
         gateway_set |= name == X_CONSUMER_USERNAME;
     }
     if total > limits.total as usize {

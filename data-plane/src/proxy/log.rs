@@ -58,6 +58,10 @@ pub struct Exchange {
     /// A gRPC response's `grpc-status`, from its headers or its trailers.
     pub grpc_status: Option<u16>,
     pub access_log: bool,
+    /// The response goes out through `proxy::http1`'s writer, which can
+    /// write a target's header fields as they were sent, without a header
+    /// map (hyper's writers take a map only).
+    pub fields_as_sent: bool,
     /// Keeps the target's in-flight count up until the response body ends.
     pub in_flight: Option<InFlight>,
     /// The table the request started on, kept until its body ends.
@@ -100,6 +104,15 @@ pub struct LoggedBody {
 impl LoggedBody {
     pub fn new(inner: ProxyBody, exchange: Exchange) -> Self {
         LoggedBody { inner, bytes: 0, exchange: Some(exchange) }
+    }
+
+    /// The target's header fields as it sent them, when they are not in the
+    /// response's header map (see `ResponseBody::fields_as_sent`).
+    pub(super) fn fields_as_sent(&self) -> Option<impl Iterator<Item = (&[u8], &[u8])>> {
+        match &self.inner {
+            ProxyBody::Target(target) => target.fields_as_sent(),
+            ProxyBody::Boxed(_) => None,
+        }
     }
 
     fn finish(&mut self) {

@@ -28,7 +28,7 @@ use tower_service::Service as _;
 use super::Target;
 use super::http1::{Connection, ExchangeError};
 use crate::base::worker;
-use crate::base::{BodyError, ProxyBody, RequestBody, error_chain};
+use crate::base::{BodyError, ProxyBody, RequestBody, boxed_body, error_chain};
 
 /// How long an idle connection is kept unless the target says less (see
 /// [`idle_limit`]).
@@ -40,7 +40,6 @@ const SPARE_AFTER: Duration = Duration::from_secs(1);
 /// Margin under a target's announced keep-alive timeout: a request must not
 /// race the target closing the connection.
 const KEEP_ALIVE_MARGIN: Duration = Duration::from_secs(1);
-const KEEP_ALIVE: http::HeaderName = http::HeaderName::from_static("keep-alive");
 
 type Stream = MaybeHttpsStream<TokioIo<TcpStream>>;
 
@@ -226,7 +225,7 @@ impl Dialer {
     /// HTTP/1.1 wants an origin-form URI (`/path?query`) and a `Host` header;
     /// HTTP/2 an absolute URI. A request that asks to switch protocols
     /// (`upgrade`) goes on a connection of its own. The response head must
-    /// have come by `deadline` (connecting included).
+    /// have come by `deadline` (connecting included). `as_sent`: see `UpstreamPool::send`.
     #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see proxy::handle)")]
     pub fn send(
         &self,
@@ -235,6 +234,7 @@ impl Dialer {
         connect_timeout: Duration,
         upgrade: bool,
         deadline: tokio::time::Instant,
+        as_sent: bool,
     ) -> impl Future<Output = Result<Response<ProxyBody>, SendError>> {
         async move {
             if self.http2 {
@@ -250,11 +250,12 @@ impl Dialer {
                 None => Box::pin(by(deadline, self.dial_h1(&target.origin, connect_timeout))).await?,
             };
             // The connection keeps the deadline itself (see `http1::Connection::deadline`).
-            let response = connection.exchange(request, target.clone(), deadline).await.map_err(|e| match e {
-                ExchangeError::TimedOut => SendError::TimedOut,
-                e => SendError::Exchange(e),
-            })?;
-            Ok(response.map(|body| body.boxed()))
+            let response =
+                connection.exchange(request, target.clone(), deadline, as_sent).await.map_err(|e| match e {
+                    ExchangeError::TimedOut => SendError::TimedOut,
+                    e => SendError::Exchange(e),
+                })?;
+            Ok(response.map(ProxyBody::Target))
         }
     }
 
@@ -352,7 +353,7 @@ fn by<T>(
 
 /// A body hyper reads, in the proxy's body type.
 fn hyper_body(body: hyper::body::Incoming) -> ProxyBody {
-    body.map_err(BodyError::new).boxed()
+    boxed_body(body.map_err(BodyError::new))
 }
 
 fn log_connection_end(result: Result<(), hyper::Error>) {
@@ -374,11 +375,12 @@ fn resend_or_fail(
 }
 
 /// How long the connection may stay idle: [`IDLE_TIMEOUT`], or less when the
-/// target announces its own keep-alive timeout (`Keep-Alive: timeout=5`, as
+/// target announces its own keep-alive timeout (`keep_alive`, the value of
+/// its first `Keep-Alive` field: `timeout=5`, as
 /// Node.js servers send) minus a margin, so a request never goes out on a
 /// connection the target is about to close.
-pub(super) fn idle_limit(headers: &http::HeaderMap) -> Duration {
-    let announced = headers.get(KEEP_ALIVE).and_then(|value| value.to_str().ok()).and_then(|value| {
+pub(super) fn idle_limit(keep_alive: Option<&[u8]>) -> Duration {
+    let announced = keep_alive.and_then(|value| std::str::from_utf8(value).ok()).and_then(|value| {
         value.split(',').find_map(|param| {
             let (name, seconds) = param.split_once('=')?;
             name.trim().eq_ignore_ascii_case("timeout").then(|| seconds.trim().parse::<u64>().ok()).flatten()
@@ -435,13 +437,7 @@ mod tests {
 
     #[test]
     fn idle_limit_follows_the_targets_keep_alive_timeout() {
-        let limit = |value: Option<&str>| {
-            let mut headers = http::HeaderMap::new();
-            if let Some(value) = value {
-                headers.insert("keep-alive", http::HeaderValue::from_str(value).unwrap());
-            }
-            idle_limit(&headers)
-        };
+        let limit = |value: Option<&str>| idle_limit(value.map(str::as_bytes));
         assert_eq!(limit(None), IDLE_TIMEOUT);
         assert_eq!(limit(Some("timeout=5")), Duration::from_secs(4));
         assert_eq!(limit(Some("max=1000, Timeout = 30")), Duration::from_secs(29));

@@ -102,6 +102,14 @@ pub(super) struct Connection {
     /// nothing. At most one such task per idle connection is kept, which is
     /// cheaper than clearing the waker at the end of every exchange.
     deadline: Option<Pin<Box<Sleep>>>,
+    /// While a response body reads from the connection: where the
+    /// connection goes back to once the body has ended cleanly, and for how
+    /// long it may then stay idle; `None` when it may not carry another request.
+    return_to: Option<(Home, Duration)>,
+    /// While a response body reads from the connection: the response head,
+    /// when its fields were kept as the target sent them instead of in the
+    /// response's header map (see `ResponseBody::fields_as_sent`).
+    head_as_sent: Option<Bytes>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -119,6 +127,8 @@ impl Connection {
             written: 0,
             fields: Vec::new(),
             deadline: None,
+            return_to: None,
+            head_as_sent: None,
         })
     }
 
@@ -148,12 +158,15 @@ impl Connection {
     /// Sends `request` and reads the response head, which must have come
     /// by `deadline`. The response body reads from this connection, which
     /// goes back to `home` when the body has ended cleanly and the
-    /// connection may carry another request.
+    /// connection may carry another request. `as_sent`: the caller writes
+    /// the head to its client itself and asks for no header map when it can
+    /// do without (see `ResponseBody::fields_as_sent`).
     pub(super) async fn exchange(
         mut self: Box<Self>,
         request: Request<RequestBody>,
         home: Home,
         deadline: Instant,
+        as_sent: bool,
     ) -> Result<Response<ResponseBody>, ExchangeError> {
         match self.deadline.as_mut() {
             Some(timer) => timer.as_mut().reset(deadline),
@@ -178,7 +191,7 @@ impl Connection {
         // allocates a map per message.
         let mut headers = parts.headers;
         headers.clear();
-        self.into_response(head, headers, head_request, reusable, home)
+        self.into_response(head, headers, head_request, reusable, home, as_sent)
     }
 
     /// Writes the request while reading for the response head, so a target
@@ -286,22 +299,30 @@ impl Connection {
         head_request: bool,
         reusable: bool,
         home: Home,
+        as_sent: bool,
     ) -> Result<Response<ResponseBody>, ExchangeError> {
         let bytes = self.read.split_to(head.length).freeze();
-        // Room for what the proxy adds (`Via`, the request ID) without growing the map.
-        headers.reserve(self.fields.len() + 2);
-        http1_wire::append_fields(&mut headers, &bytes, &self.fields)
-            .map_err(|_| ExchangeError::Invalid("invalid header field"))?;
         let framing =
             if head_request || head.status == StatusCode::NO_CONTENT || head.status == StatusCode::NOT_MODIFIED {
                 Framing::Length(0)
             } else {
                 head.framing
             };
-        let keep_for = super::connections::idle_limit(&headers);
+        // Kept as sent only with a body still to come: the fields' positions
+        // are kept in the connection, which its end hands to the next
+        // request. Nothing hop-by-hop may be in it: those fields go no further.
+        let kept_as_sent = as_sent && !head.hop_by_hop && !framing.is_done();
+        if !kept_as_sent {
+            // Room for what the proxy adds (`Via`, the request ID) without growing the map.
+            headers.reserve(self.fields.len() + 2);
+            http1_wire::append_fields(&mut headers, &bytes, &self.fields)
+                .map_err(|_| ExchangeError::Invalid("invalid header field"))?;
+        }
+        let keep_for = super::connections::idle_limit(head.keep_alive_field.map(|(start, end)| &bytes[start..end]));
         let reusable = reusable && !matches!(framing, Framing::UntilClose);
-        let mut body =
-            ResponseBody { connection: Some(self), framing, home: reusable.then_some((home, keep_for)), failure: None };
+        self.return_to = reusable.then_some((home, keep_for));
+        self.head_as_sent = kept_as_sent.then_some(bytes);
+        let mut body = ResponseBody { connection: Some(self), framing, failure: None };
         if body.framing.is_done() {
             body.release();
         }
@@ -370,6 +391,10 @@ struct Head {
     version: Version,
     framing: Framing,
     keep_alive: bool,
+    /// A field that describes this hop only is present (see `http1_wire::is_hop_by_hop`).
+    hop_by_hop: bool,
+    /// Where the value of the first `Keep-Alive` field is (the target's idle timeout, see `idle_limit`).
+    keep_alive_field: Option<(usize, usize)>,
 }
 
 /// `None` while the head is incomplete. Where the header fields are goes
@@ -394,8 +419,11 @@ fn parse_head(buffer: &[u8], fields: &mut Vec<Field>) -> Result<Option<Head>, Ex
     let mut chunked = None::<bool>;
     let mut connection_close = false;
     let mut connection_keep_alive = false;
+    let mut keep_alive_field = None;
+    let mut hop_by_hop = false;
     for field in response.headers.iter() {
         let name = field.name.as_bytes();
+        hop_by_hop |= http1_wire::is_hop_by_hop(name);
         if name.eq_ignore_ascii_case(b"content-length") {
             for value in field.value.split(|b| *b == b',') {
                 let n = http1_wire::content_length(value.trim_ascii())
@@ -415,6 +443,8 @@ fn parse_head(buffer: &[u8], fields: &mut Vec<Field>) -> Result<Option<Head>, Ex
                 connection_close |= token.eq_ignore_ascii_case(b"close");
                 connection_keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
             }
+        } else if keep_alive_field.is_none() && name.eq_ignore_ascii_case(b"keep-alive") {
+            keep_alive_field = Some(http1_wire::range(buffer, field.value));
         }
         fields.push(Field::of(buffer, field));
     }
@@ -426,7 +456,7 @@ fn parse_head(buffer: &[u8], fields: &mut Vec<Field>) -> Result<Option<Head>, Ex
         (None, None) => Framing::UntilClose,
     };
     let keep_alive = !connection_close && (version == Version::HTTP_11 || connection_keep_alive);
-    Ok(Some(Head { length, status, version, framing, keep_alive }))
+    Ok(Some(Head { length, status, version, framing, keep_alive, hop_by_hop, keep_alive_field }))
 }
 
 /// How a response body's end is known.
@@ -456,12 +486,12 @@ enum Chunked {
     Trailers,
 }
 
-/// A response body read from its connection as it is polled.
+/// A response body read from its connection as it is polled. Small (what
+/// lasts only while the body reads is kept in the connection): it travels
+/// unboxed in every response from an HTTP/1.1 target (`base::ProxyBody`).
 pub struct ResponseBody {
     connection: Option<Box<Connection>>,
     framing: Framing,
-    /// Set when the connection may carry another request once this body ends.
-    home: Option<(Home, Duration)>,
     /// A failure to report at the next poll (see `fail`).
     failure: Option<&'static str>,
 }
@@ -473,13 +503,32 @@ impl std::fmt::Debug for ResponseBody {
 }
 
 impl ResponseBody {
+    /// The target's header fields, as (name, value) in the order and the
+    /// spelling it sent them, when the response's header map was left
+    /// without them (`Connection::exchange`'s `as_sent`); they then hold no
+    /// hop-by-hop field. `None` when they are in the map. Asked for before
+    /// the body is first polled: its end gives the connection, which keeps
+    /// where the fields are, to the next request.
+    pub fn fields_as_sent(&self) -> Option<impl Iterator<Item = (&[u8], &[u8])>> {
+        let connection = self.connection.as_ref()?;
+        let head = connection.head_as_sent.as_ref()?;
+        Some(
+            connection
+                .fields
+                .iter()
+                .map(|field| (&head[field.name.0..field.name.1], &head[field.value.0..field.value.1])),
+        )
+    }
+
     /// The body has ended: the connection goes back for reuse when it can,
     /// unless the target sent more than the response (which must never be
     /// read as the next one).
     fn release(&mut self) {
         self.framing = Framing::Ended;
-        let connection = self.connection.take();
-        if let (Some(mut connection), Some((home, keep_for))) = (connection, self.home.take())
+        let Some(mut connection) = self.connection.take() else { return };
+        // The head's bytes would keep the connection's read buffer shared.
+        connection.head_as_sent = None;
+        if let Some((home, keep_for)) = connection.return_to.take()
             && connection.read.is_empty()
         {
             if connection.write.capacity() > WRITE_KEEP {
@@ -497,7 +546,6 @@ impl ResponseBody {
     fn fail(&mut self, why: &'static str, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         self.framing = Framing::Ended;
         self.connection = None;
-        self.home = None;
         self.failure = Some(why);
         cx.waker().wake_by_ref();
         Poll::Pending
@@ -547,7 +595,7 @@ impl ResponseBody {
                 Step::Fill => match ready!(connection.poll_fill(cx)) {
                     Ok(0) if matches!(self.framing, Framing::UntilClose) => {
                         // The close is this body's end; the connection is spent.
-                        self.home = None;
+                        connection.return_to = None;
                         self.release();
                         return Poll::Ready(None);
                     }
@@ -739,7 +787,7 @@ mod tests {
     #[tokio::test]
     async fn a_connection_carries_one_exchange_after_another_and_goes_back_idle() {
         let (connection, mut far, target, _pool) = loopback().await;
-        let exchange = tokio::spawn(connection.exchange(get("/one?x=1"), target.clone(), later()));
+        let exchange = tokio::spawn(connection.exchange(get("/one?x=1"), target.clone(), later(), false));
         let request = read_until(&mut far, b"\r\n\r\n").await;
         assert_eq!(request, b"GET /one?x=1 HTTP/1.1\r\nhost: t\r\n\r\n");
         far.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-Seen: yes\r\n\r\nhello").await.unwrap();
@@ -748,7 +796,7 @@ mod tests {
         assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), "hello");
 
         let connection = target.connections.take_idle().expect("back on the idle stack at the body's end");
-        let exchange = tokio::spawn(connection.exchange(get("/two"), target.clone(), later()));
+        let exchange = tokio::spawn(connection.exchange(get("/two"), target.clone(), later(), false));
         read_until(&mut far, b"GET /two HTTP/1.1\r\n").await;
         far.write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n").await.unwrap();
         let body = exchange.await.unwrap().unwrap().into_body().collect().await.unwrap().to_bytes();
@@ -761,7 +809,7 @@ mod tests {
         // Answered well before its deadline, which then passes while the connection is idle.
         let (connection, mut far, target, _pool) = loopback().await;
         let soon = Instant::now() + Duration::from_millis(50);
-        let exchange = tokio::spawn(connection.exchange(get("/one"), target.clone(), soon));
+        let exchange = tokio::spawn(connection.exchange(get("/one"), target.clone(), soon, false));
         read_until(&mut far, b"\r\n\r\n").await;
         far.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await.unwrap();
         exchange.await.unwrap().unwrap();
@@ -769,7 +817,7 @@ mod tests {
 
         // The next exchange on it is not cut short by the old deadline.
         let connection = target.connections.take_idle().expect("idle after the 204");
-        let exchange = tokio::spawn(connection.exchange(get("/two"), target.clone(), later()));
+        let exchange = tokio::spawn(connection.exchange(get("/two"), target.clone(), later(), false));
         read_until(&mut far, b"GET /two HTTP/1.1\r\n").await;
         far.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await.unwrap();
         exchange.await.unwrap().unwrap();
@@ -777,7 +825,7 @@ mod tests {
         // A deadline earlier than the last one, to a target that never answers.
         let connection = target.connections.take_idle().expect("idle after the second 204");
         let started = Instant::now();
-        let exchange = connection.exchange(get("/three"), target.clone(), started + Duration::from_millis(100));
+        let exchange = connection.exchange(get("/three"), target.clone(), started + Duration::from_millis(100), false);
         let outcome = tokio::time::timeout(Duration::from_secs(10), exchange).await.expect("ended by its deadline");
         assert!(matches!(outcome, Err(ExchangeError::TimedOut)), "{outcome:?}");
         assert!(started.elapsed() >= Duration::from_millis(100));
@@ -788,7 +836,7 @@ mod tests {
     #[tokio::test]
     async fn bytes_past_the_response_or_a_close_keep_a_connection_from_reuse() {
         let (connection, mut far, target, _pool) = loopback().await;
-        let exchange = tokio::spawn(connection.exchange(get("/"), target.clone(), later()));
+        let exchange = tokio::spawn(connection.exchange(get("/"), target.clone(), later(), false));
         read_until(&mut far, b"\r\n\r\n").await;
         far.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\n").await.unwrap();
         let body = exchange.await.unwrap().unwrap().into_body().collect().await.unwrap().to_bytes();
@@ -796,7 +844,7 @@ mod tests {
         assert!(target.connections.take_idle().is_none(), "the extra bytes would answer the next request");
 
         let (connection, mut far, target, _pool) = loopback().await;
-        let exchange = tokio::spawn(connection.exchange(get("/"), target.clone(), later()));
+        let exchange = tokio::spawn(connection.exchange(get("/"), target.clone(), later(), false));
         read_until(&mut far, b"\r\n\r\n").await;
         far.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await.unwrap();
         exchange.await.unwrap().unwrap();
@@ -815,7 +863,7 @@ mod tests {
         let body = StreamBody::new(futures_util::stream::iter(frames)).boxed();
         let mut request = Request::put("/upload").body(body).unwrap();
         request.headers_mut().insert(header::HOST, HeaderValue::from_static("t"));
-        let exchange = tokio::spawn(connection.exchange(request, target.clone(), later()));
+        let exchange = tokio::spawn(connection.exchange(request, target.clone(), later(), false));
         // A slow start fills the socket buffers, so writes wait for room.
         tokio::time::sleep(Duration::from_millis(100)).await;
         let received = tokio::time::timeout(Duration::from_secs(10), async {
@@ -843,7 +891,7 @@ mod tests {
         let feeder = tokio::spawn(async move {
             while sender.send(Ok(Frame::data(Bytes::from(vec![b'x'; 64 * 1024])))).await.is_ok() {}
         });
-        let exchange = tokio::spawn(connection.exchange(request, target.clone(), later()));
+        let exchange = tokio::spawn(connection.exchange(request, target.clone(), later(), false));
         let head = read_until(&mut far, b"\r\n\r\n").await;
         assert!(head.starts_with(b"POST /upload HTTP/1.1\r\n"));
         assert!(head.windows(26).any(|w| w == b"transfer-encoding: chunked"), "no length known: chunked");

@@ -37,6 +37,14 @@ fn script(request: &Received) -> Reply {
         "/obs-fold" => send("HTTP/1.1 200 OK\r\nX-Folded: a\r\n b\r\nContent-Length: 2\r\n\r\nok"),
         "/bare-lf" => send("HTTP/1.1 200 OK\nContent-Length: 2\n\nok"),
         "/interim" => send("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfinal"),
+        "/fields" | "/limited/fields" => send(
+            "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nX-Request-Id: forged\r\nVia: 1.0 inner\r\n\
+             X-Custom:  padded \t\r\nDate: Thu, 01 Jan 2026 00:00:00 GMT\r\nContent-Length: 2\r\n\r\nok",
+        ),
+        "/hop" | "/limited/hop" => send(
+            "HTTP/1.1 200 OK\r\nConnection: X-Secret\r\nX-Secret: leak\r\nKeep-Alive: timeout=5\r\n\
+             Proxy-Authenticate: Basic\r\nX-Kept: yes\r\nContent-Length: 2\r\n\r\nok",
+        ),
         _ => echo_reply(request),
     }
 }
@@ -202,5 +210,63 @@ async fn upstream_response_table() -> Result<()> {
         failures.join("\n"),
         edge.edge.dp.process.stderr()
     );
+    Ok(())
+}
+
+/// A response's fields as a client reads them: names in lower case, a
+/// repeated field's values joined (RFC 9110 §5.3), `Date` left out unless
+/// the target sent it.
+fn fields_seen(response: &crate::raw_http::RawResponse) -> Vec<(String, String)> {
+    let mut fields: Vec<(String, String)> = Vec::new();
+    for (name, value) in &response.headers {
+        match fields.iter_mut().find(|(seen, _)| seen == name) {
+            Some((_, values)) => *values = format!("{values}, {value}"),
+            None => fields.push((name.clone(), value.clone())),
+        }
+    }
+    fields.sort();
+    fields
+}
+
+/// An API without policies passes a target's header fields on as the
+/// target sent them, without a header map (`ResponseBody::fields_as_sent`);
+/// one with a policy goes through the map. The client must not tell the two
+/// apart: the gateway's request ID replaces the target's, `Via` gets the
+/// gateway's hop after the target's, the framing is the gateway's, and no
+/// hop-by-hop field, nor one that `Connection` names, reaches it.
+#[tokio::test]
+async fn a_targets_fields_reach_the_client_alike_with_and_without_a_header_map() -> Result<()> {
+    let edge = RawEdge::start(script).await?;
+    let mut connection = RawConnection::open(edge.addr()).await?;
+    for (path, want) in [
+        (
+            "/fields",
+            vec![
+                ("content-length", "2"),
+                ("content-type", "text/plain"),
+                ("date", "Thu, 01 Jan 2026 00:00:00 GMT"),
+                ("via", "1.0 inner, 1.1 sluice"),
+                ("x-custom", "padded"),
+                ("x-request-id", "mine-1"),
+            ],
+        ),
+        ("/hop", vec![("content-length", "2"), ("via", "1.1 sluice"), ("x-kept", "yes"), ("x-request-id", "mine-1")]),
+    ] {
+        for path in [path.to_owned(), format!("/limited{path}")] {
+            let request = format!("GET {path} HTTP/1.1\r\nHost: g\r\nX-Request-Id: mine-1\r\n\r\n");
+            connection.send(request.as_bytes()).await?;
+            let response = connection.response("GET").await?;
+            assert_eq!((response.status, response.text().as_str()), (200, "ok"), "{path}");
+            let mut seen = fields_seen(&response);
+            if !want.iter().any(|(name, _)| *name == "date") {
+                // The gateway dates an undated answer: there must be one, of its own.
+                let dates = seen.iter().filter(|(name, _)| name == "date").count();
+                assert_eq!(dates, 1, "{path}: {:?}", response.headers);
+                seen.retain(|(name, _)| name != "date");
+            }
+            let want: Vec<(String, String)> = want.iter().map(|(n, v)| ((*n).to_owned(), (*v).to_owned())).collect();
+            assert_eq!(seen, want, "{path}: the client got {:?}", response.headers);
+        }
+    }
     Ok(())
 }
