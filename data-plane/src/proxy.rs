@@ -273,8 +273,12 @@ fn handle(
             }
         };
         let mut response = response;
-        // The gateway's ID replaces any the upstream sent: the client must see the one in the logs.
-        response.headers_mut().insert(&shared.options.request_id_header, echo);
+        // The gateway's ID replaces any the upstream sent: the client must see
+        // the one in the logs. A target's fields kept as sent get it from the
+        // client's writer, after them.
+        if response.body().fields_as_sent().is_none() {
+            response.headers_mut().insert(&shared.options.request_id_header, echo);
+        }
         exchange.status = response.status();
         // gRPC runs over HTTP/2 only: an HTTP/1.1 response is not looked into.
         if exchange.version == http::Version::HTTP_2 {

@@ -27,6 +27,17 @@ pub enum ProxyBody {
     Boxed(BoxBody<Bytes, BodyError>),
 }
 
+impl ProxyBody {
+    /// A target's header fields as it sent them, when they are not in the
+    /// response's header map (see `ResponseBody::fields_as_sent`).
+    pub fn fields_as_sent(&self) -> Option<impl Iterator<Item = (&[u8], &[u8])>> {
+        match self {
+            ProxyBody::Target(body) => body.fields_as_sent(),
+            ProxyBody::Boxed(_) => None,
+        }
+    }
+}
+
 /// Any other body in the proxy's body type.
 pub fn boxed_body<B>(body: B) -> ProxyBody
 where

@@ -289,8 +289,11 @@ fn finish_response(
             exchange.in_flight = Some(in_flight);
         }
     }
-    let version = response.version();
-    append_via(response.headers_mut(), version);
+    // With a target's fields kept as sent, the client's writer adds the gateway's `Via` after them.
+    if response.body().fields_as_sent().is_none() {
+        let version = response.version();
+        append_via(response.headers_mut(), version);
+    }
     response
 }
 
@@ -377,23 +380,28 @@ fn add_forwarding_headers(
     append_via(headers, version);
 }
 
+/// The gateway's entry in `Via` for a message received over `version`.
+pub(super) fn own_via(version: Version) -> &'static str {
+    match version {
+        Version::HTTP_10 => "1.0 sluice",
+        Version::HTTP_2 => "2 sluice",
+        Version::HTTP_3 => "3 sluice",
+        _ => "1.1 sluice",
+    }
+}
+
 fn append_via(headers: &mut HeaderMap, version: Version) {
-    let (protocol, alone) = match version {
-        Version::HTTP_10 => ("1.0", HeaderValue::from_static("1.0 sluice")),
-        Version::HTTP_2 => ("2", HeaderValue::from_static("2 sluice")),
-        Version::HTTP_3 => ("3", HeaderValue::from_static("3 sluice")),
-        _ => ("1.1", HeaderValue::from_static("1.1 sluice")),
-    };
+    let own = own_via(version);
     match headers.entry(header::VIA) {
         Entry::Vacant(entry) => {
-            entry.insert(alone);
+            entry.insert(HeaderValue::from_static(own));
         }
         Entry::Occupied(mut entry) => {
             let appended = entry
                 .get()
                 .to_str()
                 .ok()
-                .and_then(|existing| HeaderValue::from_str(&format!("{existing}, {protocol} sluice")).ok());
+                .and_then(|existing| HeaderValue::from_str(&format!("{existing}, {own}")).ok());
             if let Some(value) = appended {
                 entry.insert(value);
             }

@@ -33,12 +33,13 @@ use http_body::{Body as _, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio_util::io::poll_read_buf;
 
+use super::forward::own_via;
 use super::idle::ConnectionActivity;
 use super::log::LoggedBody;
 use super::when_woken::WhenWoken;
 use super::{Peer, Shared, client_body, handle};
 use crate::base::http1_wire::{self, Field};
-use crate::base::{BodyEncoder, BodyStatus, BoxError, RequestBody, empty_body_request, full_body_request};
+use crate::base::{BodyEncoder, BodyStatus, BoxError, RequestBody, RequestId, empty_body_request, full_body_request};
 
 /// A head still incomplete at this size goes to hyper, which reads on to
 /// the configured header limit and answers 431 past it.
@@ -287,7 +288,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientConnection<S> {
         let (parts, body) = response.into_parts();
         let exact = body.size_hint().exact();
         // Before the body is polled (see `ResponseBody::fields_as_sent`).
-        let as_sent = body.fields_as_sent().map(|fields| AsSent { fields, replaced });
+        let as_sent = body.fields_as_sent().map(|fields| AsSent {
+            fields,
+            replaced,
+            via: own_via(parts.version),
+            request_id: body.request_id(),
+        });
         let mut encoder =
             encode_head(&mut self.write, parts.status, &parts.headers, as_sent, exact, head_request, keep_alive);
         let mut headers = parts.headers;
@@ -535,7 +541,7 @@ fn encode_head<'a>(
     let no_content = status.is_informational() || status == StatusCode::NO_CONTENT;
     let bodiless = no_content || head_request || status == StatusCode::NOT_MODIFIED;
     let (mut dated, mut declared) = (false, None);
-    if let Some(AsSent { fields, replaced }) = as_sent {
+    if let Some(AsSent { fields, replaced, via, request_id }) = as_sent {
         // No hop-by-hop field is among them (see `ResponseBody::fields_as_sent`).
         let replaced = replaced.as_str().as_bytes();
         for (name, value) in fields {
@@ -550,6 +556,12 @@ fn encode_head<'a>(
             }
             dated |= name.eq_ignore_ascii_case(b"date");
             http1_wire::write_line(out, name, value);
+        }
+        // What the map path gives them (`forward::append_via`, `proxy::handle`),
+        // without a map: `Via` after the target's, the gateway's request ID in place of the target's.
+        http1_wire::write_line(out, b"via", via.as_bytes());
+        if let Some(id) = request_id {
+            http1_wire::write_line(out, replaced, id.as_ref());
         }
     }
     for (name, value) in headers {
@@ -576,10 +588,13 @@ fn encode_head<'a>(
     encoder
 }
 
-/// A target's header fields as it sent them, and the one the gateway replaces.
+/// A target's header fields as it sent them, and what the gateway adds to
+/// them: its `Via` entry, and its request ID under the name `replaced`.
 struct AsSent<'r, I> {
     fields: I,
     replaced: &'r HeaderName,
+    via: &'static str,
+    request_id: Option<&'r RequestId>,
 }
 
 /// The `Date` header, formatted once a second per thread.
@@ -714,10 +729,9 @@ mod tests {
     }
 
     #[test]
-    fn a_targets_fields_as_sent_go_first_less_its_framing_and_the_replaced_header() {
-        let mut map = HeaderMap::new();
-        map.insert(header::VIA, HeaderValue::from_static("1.1 sluice"));
-        map.insert("x-request-id", HeaderValue::from_static("ours"));
+    fn a_targets_fields_as_sent_go_first_less_its_framing_and_id_then_the_gateways_via_and_id() {
+        let map = HeaderMap::new();
+        let ours = RequestId::parse(b"ours").unwrap();
         let fields: [(&[u8], &[u8]); 5] = [
             (b"Content-Type", b"text/plain"),
             (b"Content-Length", b"99"),
@@ -726,7 +740,12 @@ mod tests {
             (b"Date", b"then"),
         ];
         let replaced = HeaderName::from_static("x-request-id");
-        let as_sent = Some(AsSent { fields: fields.into_iter(), replaced: &replaced });
+        let as_sent = Some(AsSent {
+            fields: fields.into_iter(),
+            replaced: &replaced,
+            via: "1.1 sluice",
+            request_id: Some(&ours),
+        });
         let mut out = Vec::new();
         let encoder = encode_head(&mut out, StatusCode::OK, &map, as_sent, Some(5), false, true);
         assert_eq!(

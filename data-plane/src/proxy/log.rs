@@ -109,10 +109,12 @@ impl LoggedBody {
     /// The target's header fields as it sent them, when they are not in the
     /// response's header map (see `ResponseBody::fields_as_sent`).
     pub(super) fn fields_as_sent(&self) -> Option<impl Iterator<Item = (&[u8], &[u8])>> {
-        match &self.inner {
-            ProxyBody::Target(target) => target.fields_as_sent(),
-            ProxyBody::Boxed(_) => None,
-        }
+        self.inner.fields_as_sent()
+    }
+
+    /// The request's ID, until the body has ended.
+    pub(super) fn request_id(&self) -> Option<&RequestId> {
+        self.exchange.as_ref().map(|exchange| &exchange.request_id)
     }
 
     fn finish(&mut self) {
