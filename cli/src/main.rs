@@ -22,8 +22,9 @@ struct Cli {
     /// `https://` admin URL with a private CA (default: the system's CAs).
     #[arg(long, global = true, env = "SLUICE_ADMIN_CA")]
     admin_ca: Option<PathBuf>,
-    /// Bearer token of the admin API.
-    #[arg(long, global = true, env = "SLUICE_ADMIN_TOKEN", hide_env_values = true)]
+    /// Bearer token of the admin API. It may start with `-` (one in 64
+    /// generated tokens does).
+    #[arg(long, global = true, env = "SLUICE_ADMIN_TOKEN", hide_env_values = true, allow_hyphen_values = true)]
     admin_token: Option<String>,
     /// Output format of the admin commands.
     #[arg(long, short, global = true, value_enum, default_value_t = Output::Table)]
@@ -101,5 +102,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Generated tokens are URL-safe base64, so one in 64 starts with `-`.
+    #[test]
+    fn a_token_may_start_with_a_hyphen() {
+        let cli = Cli::try_parse_from(["sluice", "--admin-token", "-iX_9", "apply", "-f", "config.yaml"]).unwrap();
+        assert_eq!(cli.admin_token.as_deref(), Some("-iX_9"));
+        assert!(matches!(cli.command, Command::Apply { .. }));
     }
 }

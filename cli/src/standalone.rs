@@ -28,7 +28,7 @@ pub struct StandaloneArgs {
     #[arg(long, env = "SLUICE_OPS_ADDR", default_value = "127.0.0.1:9100")]
     ops_addr: SocketAddr,
     /// Admin API token; generated and printed once at first start if absent.
-    #[arg(long = "token", env = "SLUICE_ADMIN_TOKEN", hide_env_values = true)]
+    #[arg(long = "token", env = "SLUICE_ADMIN_TOKEN", hide_env_values = true, allow_hyphen_values = true)]
     admin_token: Option<String>,
     #[arg(long, env = "SLUICE_SECRET_KEY", hide_env_values = true)]
     secret_key: Option<String>,

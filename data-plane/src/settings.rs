@@ -82,7 +82,8 @@ pub struct Settings {
     pub client_key: Option<PathBuf>,
 
     /// Shared secret presented to the control plane as `Bearer <token>`.
-    #[arg(long, env = "SLUICE_CLUSTER_TOKEN", hide_env_values = true)]
+    /// A token may start with `-` (one in 64 generated ones does).
+    #[arg(long, env = "SLUICE_CLUSTER_TOKEN", hide_env_values = true, allow_hyphen_values = true)]
     pub cluster_token: Option<String>,
 
     /// Plain-HTTP proxy listener (HTTP/1.1 and h2c). Port 0 picks a free port.
@@ -375,6 +376,12 @@ mod tests {
         assert_eq!(parsed.header_limits(), built.header_limits());
         assert_eq!(parsed.header_limits(), crate::proxy::DEFAULT_HEADER_LIMITS);
         assert_eq!(parsed.request_id_header, built.request_id_header);
+    }
+
+    #[test]
+    fn a_token_may_start_with_a_hyphen() {
+        let parsed = Settings::try_parse_from(["sluice-dp", "--cluster-token", "-iX_9", "--node-id", "n1"]).unwrap();
+        assert_eq!(parsed.cluster_token.as_deref(), Some("-iX_9"));
     }
 
     #[test]
