@@ -2,10 +2,9 @@
 //! its way upstream and what a response carries back, the same type on every
 //! layer so no layer converts.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
-
-use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
