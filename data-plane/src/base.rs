@@ -1,5 +1,6 @@
 //! The bottom of the request path: what every layer above shares (body
-//! types, the HTTP/1.1 wire pieces both legs write, problem-details responses, the proxy error, the request ID, per-API
+//! types, the HTTP/1.1 wire pieces both legs write, the forwarding fields a target gets,
+//! problem-details responses, the proxy error, the request ID, per-API
 //! request metrics, the registry holding every metric series, the proxy
 //! worker index). It imports nothing from the layers above it, so the path
 //! reads top-down: proxy -> routing -> policy/openapi -> upstream -> tls,
@@ -7,6 +8,7 @@
 
 mod body;
 mod error;
+pub mod forwarding;
 pub mod http1_wire;
 mod metric_registry;
 pub mod problem;

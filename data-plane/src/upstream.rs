@@ -8,7 +8,7 @@ mod balance;
 mod connections;
 mod health;
 mod http1;
-pub use http1::ResponseBody;
+pub use http1::{OwnHeads, ResponseBody};
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -21,6 +21,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use metrics::{Counter, Gauge, Histogram};
 use sluice_proto::v1;
 
+use crate::base::forwarding::Replaced;
 use crate::base::{ProxyBody, RequestBody};
 use crate::clock::now_ms;
 use crate::tls::{CertificateSet, UpstreamTls};
@@ -299,19 +300,26 @@ impl UpstreamPool {
     /// connection when there is one. The URI is origin-form for HTTP/1.1
     /// (with a `Host` header), absolute for HTTP/2. `upgrade`: the request
     /// asks to switch protocols (its headers say which). `deadline`: when
-    /// the attempt times out if no response head has come. `as_sent`: an
-    /// HTTP/1.1 target's header fields may stay as it sent them, out of the
-    /// response's header map (see `ResponseBody::fields_as_sent`).
-    pub fn send(
-        &self,
-        target: &Arc<Target>,
+    /// the attempt times out if no response head has come. `own`: what an
+    /// HTTP/1.1 exchange writes and keeps itself, out of the header maps;
+    /// only for a request to an HTTP/1.1 target that asks for no upgrade.
+    pub fn send<'a>(
+        &'a self,
+        target: &'a Arc<Target>,
         request: Request<RequestBody>,
         connect_timeout: Duration,
         upgrade: bool,
         deadline: tokio::time::Instant,
-        as_sent: bool,
-    ) -> impl Future<Output = Result<Response<ProxyBody>, SendError>> {
-        self.dialer.send(target, request, connect_timeout, upgrade, deadline, as_sent)
+        own: OwnHeads<'a>,
+    ) -> impl Future<Output = Result<Response<ProxyBody>, SendError>> + 'a {
+        self.dialer.send(target, request, connect_timeout, upgrade, deadline, own)
+    }
+
+    /// Whether a pick reads a field that forwarding sets (see
+    /// `base::forwarding`): it must then find the forwarded value in the
+    /// request's header map, not the client's.
+    pub fn picks_by_forwarding_field(&self) -> bool {
+        self.balancer.hashed_header().is_some_and(|name| Replaced::of(name).is_some())
     }
 
     /// Picks a target for an attempt of a request (and marks it `tried`):
@@ -497,6 +505,28 @@ mod tests {
             }),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_hash_on_a_forwarding_field_is_told_apart() {
+        let hashing_on = |source: v1::HashSource, name: &str| {
+            let mut spec = spec(&["http://127.0.0.1:1", "http://127.0.0.1:2"]);
+            spec.balance = v1::Balance::ConsistentHash.into();
+            let mut hash_on = v1::HashOn { name: name.into(), ..Default::default() };
+            hash_on.set_source(source);
+            spec.hash_on = Some(hash_on);
+            UpstreamPool::build(&spec, &CertificateSet::default(), None).unwrap().picks_by_forwarding_field()
+        };
+        for name in ["X-Forwarded-For", "x-forwarded-proto", "x-forwarded-host", "via", "host"] {
+            assert!(hashing_on(v1::HashSource::Header, name), "{name}");
+        }
+        assert!(!hashing_on(v1::HashSource::Header, "x-user"));
+        assert!(!hashing_on(v1::HashSource::Cookie, "x-forwarded-for"));
+        assert!(
+            !UpstreamPool::build(&spec(&["http://127.0.0.1:1"]), &CertificateSet::default(), None)
+                .unwrap()
+                .picks_by_forwarding_field()
+        );
     }
 
     #[test]

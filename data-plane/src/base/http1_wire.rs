@@ -88,15 +88,16 @@ pub fn append_fields(headers: &mut HeaderMap, head: &Bytes, fields: &[Field]) ->
     Ok(())
 }
 
-/// Appends the header line `name: value` to a head being written.
-#[inline]
+/// Appends the header line `name: value` to a head being written (inlined, as `write_line`).
+#[inline(always)]
 pub fn write_field(out: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
     write_line(out, name.as_str().as_bytes(), value.as_bytes());
 }
 
 /// Appends the header line `name: value` to a head being written, from
 /// the bytes of a head httparse took (which hold to the field grammar).
-#[inline]
+/// Always inlined: a call per header line cost more than its body.
+#[inline(always)]
 pub fn write_line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     // The two-byte separators are pushed: a copy call each would cost more.
     out.extend_from_slice(name);

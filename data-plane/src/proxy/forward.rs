@@ -4,7 +4,7 @@
 //! (including the tunnel of an upgraded connection such as a WebSocket).
 
 use futures_util::future::Either;
-use http::header::{self, Entry, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body as _;
@@ -13,14 +13,11 @@ use hyper_util::rt::TokioIo;
 use super::inbound::HopByHop;
 use super::log::Exchange;
 use super::{Peer, ProxyOptions};
+use crate::base::forwarding::{self, Forwarding};
 use crate::base::http1_wire::HOP_BY_HOP;
 use crate::base::{BodyStatus, ClientFault, ProxyBody, ProxyError, RequestBody, empty_body_request};
 use crate::routing::CompiledApi;
-use crate::upstream::{InFlight, SendError, Target, Tried};
-
-const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+use crate::upstream::{InFlight, OwnHeads, SendError, Target, Tried};
 
 /// Forwards the request and returns the upstream's response, ready for the client.
 ///
@@ -49,7 +46,7 @@ pub(super) fn forward<'a>(
 }
 
 /// The client's request rewritten for the upstream, up to what depends on the target.
-struct Outgoing {
+struct Outgoing<'a> {
     method: Method,
     path_and_query: PathAndQuery,
     headers: HeaderMap,
@@ -62,9 +59,12 @@ struct Outgoing {
     client_upgrade: Option<hyper::upgrade::OnUpgrade>,
     /// How the client's body ended; `None` for a request without one.
     body_status: Option<BodyStatus>,
+    /// The forwarding fields and `Host`, when the HTTP/1.1 encoder writes
+    /// them (see `OwnHeads::forwarding`); `None` when `headers` holds them.
+    forwarding: Option<Forwarding<'a>>,
 }
 
-impl Outgoing {
+impl<'a> Outgoing<'a> {
     /// `raw_path` is the client's path as sent, for an API that forwards it
     /// instead of the canonical one (the request's own URI).
     fn rewrite(
@@ -72,18 +72,13 @@ impl Outgoing {
         mut request: Request<RequestBody>,
         raw_path: Option<PathAndQuery>,
         taken: HopByHop,
-        peer: &Peer,
+        peer: &'a Peer,
         options: &ProxyOptions,
         body_status: Option<BodyStatus>,
     ) -> Result<Self, ProxyError> {
         // Must be taken before the request is consumed.
         let client_upgrade = taken.upgrade.is_some().then(|| hyper::upgrade::on(&mut request));
         let (parts, body) = request.into_parts();
-        // HTTP/2 carries the host in the URI, HTTP/1.1 in `Host` (whose value is shared, not copied).
-        let original_host = match parts.uri.authority() {
-            Some(authority) => HeaderValue::from_str(authority.as_str()).ok(),
-            None => parts.headers.get(header::HOST).cloned(),
-        };
         let path_and_query = match raw_path {
             // The query as the policies left it (an API key may have been taken out).
             Some(raw) => with_query(raw.path(), parts.uri.query())?,
@@ -96,18 +91,40 @@ impl Outgoing {
         if taken.trailers && api.upstream.http2() {
             headers.insert(header::TE, HeaderValue::from_static("trailers"));
         }
+        let forwarding = Forwarding {
+            client: &peer.forwarded_for,
+            scheme: options.scheme,
+            via: forwarding::own_via(parts.version),
+            preserve_host: api.preserve_host,
+        };
+        // Our HTTP/1.1 encoder writes the forwarding fields and `Host`
+        // itself, sparing the map four insertions, unless something reads
+        // them from the map: hyper (HTTP/2, upgrades), or a balancer hashing
+        // on one. It takes the host asked for from `Host`, so not for a
+        // request that names it in its URI (HTTP/2, absolute form).
+        let encoder_writes = !api.upstream.http2()
+            && taken.upgrade.is_none()
+            && parts.uri.authority().is_none()
+            && !api.upstream.picks_by_forwarding_field();
         if let Some(upgrade) = taken.upgrade {
             upgrade.write_to(&mut headers);
         }
-        add_forwarding_headers(&mut headers, peer, original_host.as_ref(), options, parts.version);
-        if api.preserve_host {
-            if let Some(host) = original_host {
-                headers.insert(header::HOST, host);
+        if !encoder_writes {
+            // HTTP/2 carries the host in the URI, HTTP/1.1 in `Host` (whose value is shared, not copied).
+            let original_host = match parts.uri.authority() {
+                Some(authority) => HeaderValue::from_str(authority.as_str()).ok(),
+                None => headers.get(header::HOST).cloned(),
+            };
+            forwarding.write_into(&mut headers, original_host.as_ref());
+            if api.preserve_host {
+                if let Some(host) = original_host {
+                    headers.insert(header::HOST, host);
+                }
+            } else if api.upstream.http2() {
+                // HTTP/2 names the target in the URI; HTTP/1.1's `Host` is
+                // replaced by the target's for each attempt (`for_target`).
+                headers.remove(header::HOST);
             }
-        } else if api.upstream.http2() {
-            // HTTP/2 names the target in the URI; HTTP/1.1's `Host` is
-            // replaced by the target's for each attempt (`for_target`).
-            headers.remove(header::HOST);
         }
         Ok(Outgoing {
             method: parts.method,
@@ -117,6 +134,7 @@ impl Outgoing {
             body: Some(body),
             client_upgrade,
             body_status,
+            forwarding: encoder_writes.then_some(forwarding),
         })
     }
 
@@ -176,7 +194,8 @@ impl Outgoing {
         *request.uri_mut() = uri;
         *request.version_mut() = if http2 { Version::HTTP_2 } else { Version::HTTP_11 };
         *request.headers_mut() = if for_retry { self.headers.clone() } else { std::mem::take(&mut self.headers) };
-        if !http2 && (!preserve_host || !request.headers().contains_key(header::HOST)) {
+        let host_in_map = !http2 && self.forwarding.is_none();
+        if host_in_map && (!preserve_host || !request.headers().contains_key(header::HOST)) {
             request.headers_mut().insert(header::HOST, target.host_header.clone());
         }
         Ok(request)
@@ -187,7 +206,7 @@ impl Outgoing {
 #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see proxy::handle)")]
 fn send<'a>(
     api: &'a CompiledApi,
-    mut outgoing: Outgoing,
+    mut outgoing: Outgoing<'a>,
     peer: &'a Peer,
     exchange: &'a mut Exchange,
 ) -> impl Future<Output = Result<Response<ProxyBody>, ProxyError>> + 'a {
@@ -208,9 +227,12 @@ fn send<'a>(
             let attempt_started = tokio::time::Instant::now();
             let deadline = attempt_started + api.request_timeout;
             let upgrade = outgoing.client_upgrade.is_some();
-            // No policy may see or change the target's header fields when they stay out of the map.
-            let as_sent = exchange.fields_as_sent && api.policies.is_empty();
-            match pool.send(&target, request, api.connect_timeout, upgrade, deadline, as_sent).await {
+            let own = OwnHeads {
+                forwarding: outgoing.forwarding,
+                // No policy may see or change the target's header fields when they stay out of the map.
+                fields_as_sent: exchange.fields_as_sent && api.policies.is_empty(),
+            };
+            match pool.send(&target, request, api.connect_timeout, upgrade, deadline, own).await {
                 Ok(response) => {
                     let elapsed = attempt_started.elapsed();
                     pool.record_latency(elapsed);
@@ -291,8 +313,8 @@ fn finish_response(
     }
     // With a target's fields kept as sent, the client's writer adds the gateway's `Via` after them.
     if response.body().fields_as_sent().is_none() {
-        let version = response.version();
-        append_via(response.headers_mut(), version);
+        let own = forwarding::own_via(response.version());
+        forwarding::append_via(response.headers_mut(), own);
     }
     response
 }
@@ -348,67 +370,6 @@ pub(super) fn named_in_connection(headers: &HeaderMap) -> Vec<HeaderName> {
         .collect()
 }
 
-fn add_forwarding_headers(
-    headers: &mut HeaderMap,
-    peer: &Peer,
-    host: Option<&HeaderValue>,
-    options: &ProxyOptions,
-    version: Version,
-) {
-    // Append, not replace: earlier proxies' entries stay for whoever trusts them.
-    // One `entry` per header: a single hash of the name, present or not.
-    match headers.entry(X_FORWARDED_FOR) {
-        Entry::Vacant(entry) => {
-            entry.insert(peer.forwarded_for.clone());
-        }
-        Entry::Occupied(mut entry) => {
-            let appended = match entry.get().to_str() {
-                Ok(existing) if !existing.trim().is_empty() => {
-                    HeaderValue::from_str(&format!("{existing}, {}", peer.ip)).ok()
-                }
-                _ => Some(peer.forwarded_for.clone()),
-            };
-            if let Some(value) = appended {
-                entry.insert(value);
-            }
-        }
-    }
-    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(options.scheme));
-    if let Some(value) = host {
-        headers.insert(X_FORWARDED_HOST, value.clone());
-    }
-    append_via(headers, version);
-}
-
-/// The gateway's entry in `Via` for a message received over `version`.
-pub(super) fn own_via(version: Version) -> &'static str {
-    match version {
-        Version::HTTP_10 => "1.0 sluice",
-        Version::HTTP_2 => "2 sluice",
-        Version::HTTP_3 => "3 sluice",
-        _ => "1.1 sluice",
-    }
-}
-
-fn append_via(headers: &mut HeaderMap, version: Version) {
-    let own = own_via(version);
-    match headers.entry(header::VIA) {
-        Entry::Vacant(entry) => {
-            entry.insert(HeaderValue::from_static(own));
-        }
-        Entry::Occupied(mut entry) => {
-            let appended = entry
-                .get()
-                .to_str()
-                .ok()
-                .and_then(|existing| HeaderValue::from_str(&format!("{existing}, {own}")).ok());
-            if let Some(value) = appended {
-                entry.insert(value);
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -444,21 +405,6 @@ mod tests {
         h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("3"));
         strip_hop_by_hop(&mut h);
         assert_eq!(h[header::CONTENT_LENGTH], "3");
-    }
-
-    #[test]
-    fn forwarding_headers_append() {
-        let mut h = HeaderMap::new();
-        h.insert(X_FORWARDED_FOR, HeaderValue::from_static("1.2.3.4"));
-        h.insert(header::VIA, HeaderValue::from_static("1.1 edge"));
-        let options = ProxyOptions::default();
-        let peer = Peer::new("10.0.0.9".parse().unwrap(), None);
-        let host = HeaderValue::from_static("shop.example");
-        add_forwarding_headers(&mut h, &peer, Some(&host), &options, Version::HTTP_11);
-        assert_eq!(h[X_FORWARDED_FOR], "1.2.3.4, 10.0.0.9");
-        assert_eq!(h[X_FORWARDED_PROTO], "http");
-        assert_eq!(h[X_FORWARDED_HOST], "shop.example");
-        assert_eq!(h[header::VIA], "1.1 edge, 1.1 sluice");
     }
 
     #[test]

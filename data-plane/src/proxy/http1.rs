@@ -33,11 +33,11 @@ use http_body::{Body as _, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio_util::io::poll_read_buf;
 
-use super::forward::own_via;
 use super::idle::ConnectionActivity;
 use super::log::LoggedBody;
 use super::when_woken::WhenWoken;
 use super::{Peer, Shared, client_body, handle};
+use crate::base::forwarding::own_via;
 use crate::base::http1_wire::{self, Field};
 use crate::base::{BodyEncoder, BodyStatus, BoxError, RequestBody, RequestId, empty_body_request, full_body_request};
 
@@ -557,7 +557,7 @@ fn encode_head<'a>(
             dated |= name.eq_ignore_ascii_case(b"date");
             http1_wire::write_line(out, name, value);
         }
-        // What the map path gives them (`forward::append_via`, `proxy::handle`),
+        // What the map path gives them (`forwarding::append_via`, `proxy::handle`),
         // without a map: `Via` after the target's, the gateway's request ID in place of the target's.
         http1_wire::write_line(out, b"via", via.as_bytes());
         if let Some(id) = request_id {

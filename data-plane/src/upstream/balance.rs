@@ -79,6 +79,14 @@ impl Balancer {
         })
     }
 
+    /// The header field a pick reads, if any.
+    pub fn hashed_header(&self) -> Option<&http::HeaderName> {
+        match self {
+            Balancer::ConsistentHash { on: HashOn::Header(name), .. } => Some(name),
+            _ => None,
+        }
+    }
+
     /// Returns the index of the chosen target, or `None` when none is
     /// available. A `retry` takes no turn of a round robin (see `UpstreamPool::pick`).
     pub fn pick(&self, targets: &impl Candidates, ctx: &PickContext<'_>, retry: bool) -> Option<usize> {

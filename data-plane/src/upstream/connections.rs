@@ -26,7 +26,7 @@ use tokio_util::either::Either;
 use tower_service::Service as _;
 
 use super::Target;
-use super::http1::{Connection, ExchangeError};
+use super::http1::{Connection, ExchangeError, OwnHeads};
 use crate::base::worker;
 use crate::base::{BodyError, ProxyBody, RequestBody, boxed_body, error_chain};
 
@@ -225,7 +225,7 @@ impl Dialer {
     /// HTTP/1.1 wants an origin-form URI (`/path?query`) and a `Host` header;
     /// HTTP/2 an absolute URI. A request that asks to switch protocols
     /// (`upgrade`) goes on a connection of its own. The response head must
-    /// have come by `deadline` (connecting included). `as_sent`: see `UpstreamPool::send`.
+    /// have come by `deadline` (connecting included). `own`: see `UpstreamPool::send`.
     #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see proxy::handle)")]
     pub fn send(
         &self,
@@ -234,9 +234,11 @@ impl Dialer {
         connect_timeout: Duration,
         upgrade: bool,
         deadline: tokio::time::Instant,
-        as_sent: bool,
+        own: OwnHeads<'_>,
     ) -> impl Future<Output = Result<Response<ProxyBody>, SendError>> {
         async move {
+            // hyper writes these requests from their maps alone.
+            debug_assert!(own.forwarding.is_none() || !(self.http2 || upgrade), "forwarding fields left out");
             if self.http2 {
                 return by(deadline, self.send_h2(target, request, connect_timeout)).await;
             }
@@ -250,11 +252,10 @@ impl Dialer {
                 None => Box::pin(by(deadline, self.dial_h1(&target.origin, connect_timeout))).await?,
             };
             // The connection keeps the deadline itself (see `http1::Connection::deadline`).
-            let response =
-                connection.exchange(request, target.clone(), deadline, as_sent).await.map_err(|e| match e {
-                    ExchangeError::TimedOut => SendError::TimedOut,
-                    e => SendError::Exchange(e),
-                })?;
+            let response = connection.exchange(request, target.clone(), deadline, own).await.map_err(|e| match e {
+                ExchangeError::TimedOut => SendError::TimedOut,
+                e => SendError::Exchange(e),
+            })?;
             Ok(response.map(ProxyBody::Target))
         }
     }

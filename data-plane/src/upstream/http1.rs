@@ -30,6 +30,7 @@ use tokio_util::either::Either;
 use tokio_util::io::poll_read_buf;
 
 use super::Target;
+use crate::base::forwarding::{Forwarding, Prior, Replaced};
 use crate::base::http1_wire::{self, Field};
 use crate::base::{BodyEncoder, BodyError, BoxError, RequestBody};
 
@@ -158,22 +159,22 @@ impl Connection {
     /// Sends `request` and reads the response head, which must have come
     /// by `deadline`. The response body reads from this connection, which
     /// goes back to `home` when the body has ended cleanly and the
-    /// connection may carry another request. `as_sent`: the caller writes
-    /// the head to its client itself and asks for no header map when it can
-    /// do without (see `ResponseBody::fields_as_sent`).
+    /// connection may carry another request. `own`: what is written and
+    /// kept here instead of in the header maps.
     pub(super) async fn exchange(
         mut self: Box<Self>,
         request: Request<RequestBody>,
         home: Home,
         deadline: Instant,
-        as_sent: bool,
+        own: OwnHeads<'_>,
     ) -> Result<Response<ResponseBody>, ExchangeError> {
         match self.deadline.as_mut() {
             Some(timer) => timer.as_mut().reset(deadline),
             None => self.deadline = Some(Box::pin(tokio::time::sleep_until(deadline))),
         }
         let (parts, body) = request.into_parts();
-        let outgoing = encode_head(&mut self.write, &parts.method, &parts.uri, &parts.headers, &body);
+        let forwarding = own.forwarding.map(|forwarding| (forwarding, &home.host_header));
+        let outgoing = encode_head(&mut self.write, &parts.method, &parts.uri, &parts.headers, forwarding, &body);
         let head_request = parts.method == Method::HEAD;
         let body = (!matches!(outgoing, BodyEncoder::Done)).then_some(body);
         let mut sending = Sending { body, framing: outgoing, write_failed: None };
@@ -191,7 +192,7 @@ impl Connection {
         // allocates a map per message.
         let mut headers = parts.headers;
         headers.clear();
-        self.into_response(head, headers, head_request, reusable, home, as_sent)
+        self.into_response(head, headers, head_request, reusable, home, own.fields_as_sent)
     }
 
     /// Writes the request while reading for the response head, so a target
@@ -337,6 +338,20 @@ impl Connection {
 /// Where a connection goes back to after its response: the target it was opened to.
 pub(super) type Home = std::sync::Arc<Target>;
 
+/// What an exchange writes or keeps itself, without the header maps, when
+/// its caller leaves that to it (all off by default, as on HTTP/2 and for
+/// upgrades, which go through hyper and the maps).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OwnHeads<'a> {
+    /// The forwarding fields and `Host` are written into the request head
+    /// here: the request's map holds the client's fields as they came, the
+    /// ones these replace included (see `base::forwarding`).
+    pub forwarding: Option<Forwarding<'a>>,
+    /// The response's fields may stay as the target sent them, out of its
+    /// map (see `ResponseBody::fields_as_sent`).
+    pub fields_as_sent: bool,
+}
+
 /// The request body on its way out, and its framing on the wire.
 struct Sending {
     body: Option<RequestBody>,
@@ -348,19 +363,27 @@ struct Sending {
 
 /// Writes the request head into `out` and says how the body follows. Any
 /// `Content-Length` or `Transfer-Encoding` the request carries is replaced
-/// by the framing of the body actually sent.
+/// by the framing of the body actually sent. With `forwarding` (and the
+/// target's own `Host`), the forwarding fields and `Host` are written here,
+/// in place of the client's (see `OwnHeads::forwarding`).
 fn encode_head(
     out: &mut Vec<u8>,
     method: &Method,
     uri: &http::Uri,
     headers: &HeaderMap,
+    forwarding: Option<(Forwarding<'_>, &HeaderValue)>,
     body: &RequestBody,
 ) -> BodyEncoder {
     out.extend_from_slice(method.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(uri.path_and_query().map_or("/", |p| p.as_str()).as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
+    // `Host` first, as a client writes it (RFC 9112 §3.2).
+    if let Some((forwarding, target_host)) = forwarding {
+        http1_wire::write_field(out, &header::HOST, forwarding.host(headers, target_host));
+    }
     let mut declared = None;
+    let mut prior = Prior::default();
     for (name, value) in headers {
         if name == header::CONTENT_LENGTH {
             declared = value.to_str().ok().and_then(|v| v.trim().parse::<u64>().ok());
@@ -369,7 +392,16 @@ fn encode_head(
         if name == header::TRANSFER_ENCODING {
             continue;
         }
+        if forwarding.is_some()
+            && let Some(replaced) = Replaced::of(name)
+        {
+            prior.note(replaced, value);
+            continue;
+        }
         http1_wire::write_field(out, name, value);
+    }
+    if let Some((forwarding, _)) = forwarding {
+        forwarding.write_lines(out, headers, &prior);
     }
     let outgoing = if body.is_end_stream() {
         // An empty body is still said for methods that carry one, and when the client said so.
@@ -785,9 +817,45 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_writer_puts_the_forwarding_fields_and_host_in_place_of_the_clients() {
+        let client = HeaderValue::from_static("10.0.0.9");
+        for (preserve_host, host) in [(false, None), (true, Some("shop.example"))] {
+            let (connection, mut far, target, _pool) = loopback().await;
+            let mut request = get("/p");
+            request.headers_mut().clear();
+            for (name, value) in [
+                ("host", "shop.example"),
+                ("accept", "*/*"),
+                ("x-forwarded-for", "1.2.3.4"),
+                ("via", "1.0 edge"),
+                ("x-forwarded-proto", "https"),
+                ("x-forwarded-host", "evil.example"),
+                ("x-forwarded-for", "5.6.7.8"),
+                ("x-forwarded-port", "1"),
+            ] {
+                request.headers_mut().append(HeaderName::from_static(name), HeaderValue::from_static(value));
+            }
+            let forwarding = Forwarding { client: &client, scheme: "http", via: "1.1 sluice", preserve_host };
+            let own = OwnHeads { forwarding: Some(forwarding), fields_as_sent: false };
+            let exchange = connection.exchange(request, target.clone(), later(), own);
+            let (sent, _) = tokio::join!(read_until(&mut far, b"\r\n\r\n"), async {
+                // The exchange waits for an answer that never comes; the head is what is looked at.
+                tokio::time::timeout(Duration::from_millis(200), exchange).await.ok();
+            });
+            let host = host.map_or_else(|| target.host_header.to_str().unwrap().to_owned(), str::to_owned);
+            let want = format!(
+                "GET /p HTTP/1.1\r\nhost: {host}\r\naccept: */*\r\nx-forwarded-port: 1\r\n\
+                 x-forwarded-for: 1.2.3.4, 5.6.7.8, 10.0.0.9\r\nx-forwarded-proto: http\r\n\
+                 x-forwarded-host: shop.example\r\nvia: 1.0 edge, 1.1 sluice\r\n\r\n"
+            );
+            assert_eq!(String::from_utf8_lossy(&sent), want, "preserve_host {preserve_host}");
+        }
+    }
+
+    #[tokio::test]
     async fn a_connection_carries_one_exchange_after_another_and_goes_back_idle() {
         let (connection, mut far, target, _pool) = loopback().await;
-        let exchange = tokio::spawn(connection.exchange(get("/one?x=1"), target.clone(), later(), false));
+        let exchange = tokio::spawn(connection.exchange(get("/one?x=1"), target.clone(), later(), OwnHeads::default()));
         let request = read_until(&mut far, b"\r\n\r\n").await;
         assert_eq!(request, b"GET /one?x=1 HTTP/1.1\r\nhost: t\r\n\r\n");
         far.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-Seen: yes\r\n\r\nhello").await.unwrap();
@@ -796,7 +864,7 @@ mod tests {
         assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), "hello");
 
         let connection = target.connections.take_idle().expect("back on the idle stack at the body's end");
-        let exchange = tokio::spawn(connection.exchange(get("/two"), target.clone(), later(), false));
+        let exchange = tokio::spawn(connection.exchange(get("/two"), target.clone(), later(), OwnHeads::default()));
         read_until(&mut far, b"GET /two HTTP/1.1\r\n").await;
         far.write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n").await.unwrap();
         let body = exchange.await.unwrap().unwrap().into_body().collect().await.unwrap().to_bytes();
@@ -809,7 +877,7 @@ mod tests {
         // Answered well before its deadline, which then passes while the connection is idle.
         let (connection, mut far, target, _pool) = loopback().await;
         let soon = Instant::now() + Duration::from_millis(50);
-        let exchange = tokio::spawn(connection.exchange(get("/one"), target.clone(), soon, false));
+        let exchange = tokio::spawn(connection.exchange(get("/one"), target.clone(), soon, OwnHeads::default()));
         read_until(&mut far, b"\r\n\r\n").await;
         far.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await.unwrap();
         exchange.await.unwrap().unwrap();
@@ -817,7 +885,7 @@ mod tests {
 
         // The next exchange on it is not cut short by the old deadline.
         let connection = target.connections.take_idle().expect("idle after the 204");
-        let exchange = tokio::spawn(connection.exchange(get("/two"), target.clone(), later(), false));
+        let exchange = tokio::spawn(connection.exchange(get("/two"), target.clone(), later(), OwnHeads::default()));
         read_until(&mut far, b"GET /two HTTP/1.1\r\n").await;
         far.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await.unwrap();
         exchange.await.unwrap().unwrap();
@@ -825,7 +893,12 @@ mod tests {
         // A deadline earlier than the last one, to a target that never answers.
         let connection = target.connections.take_idle().expect("idle after the second 204");
         let started = Instant::now();
-        let exchange = connection.exchange(get("/three"), target.clone(), started + Duration::from_millis(100), false);
+        let exchange = connection.exchange(
+            get("/three"),
+            target.clone(),
+            started + Duration::from_millis(100),
+            OwnHeads::default(),
+        );
         let outcome = tokio::time::timeout(Duration::from_secs(10), exchange).await.expect("ended by its deadline");
         assert!(matches!(outcome, Err(ExchangeError::TimedOut)), "{outcome:?}");
         assert!(started.elapsed() >= Duration::from_millis(100));
@@ -836,7 +909,7 @@ mod tests {
     #[tokio::test]
     async fn bytes_past_the_response_or_a_close_keep_a_connection_from_reuse() {
         let (connection, mut far, target, _pool) = loopback().await;
-        let exchange = tokio::spawn(connection.exchange(get("/"), target.clone(), later(), false));
+        let exchange = tokio::spawn(connection.exchange(get("/"), target.clone(), later(), OwnHeads::default()));
         read_until(&mut far, b"\r\n\r\n").await;
         far.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\n").await.unwrap();
         let body = exchange.await.unwrap().unwrap().into_body().collect().await.unwrap().to_bytes();
@@ -844,7 +917,7 @@ mod tests {
         assert!(target.connections.take_idle().is_none(), "the extra bytes would answer the next request");
 
         let (connection, mut far, target, _pool) = loopback().await;
-        let exchange = tokio::spawn(connection.exchange(get("/"), target.clone(), later(), false));
+        let exchange = tokio::spawn(connection.exchange(get("/"), target.clone(), later(), OwnHeads::default()));
         read_until(&mut far, b"\r\n\r\n").await;
         far.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await.unwrap();
         exchange.await.unwrap().unwrap();
@@ -863,7 +936,7 @@ mod tests {
         let body = StreamBody::new(futures_util::stream::iter(frames)).boxed();
         let mut request = Request::put("/upload").body(body).unwrap();
         request.headers_mut().insert(header::HOST, HeaderValue::from_static("t"));
-        let exchange = tokio::spawn(connection.exchange(request, target.clone(), later(), false));
+        let exchange = tokio::spawn(connection.exchange(request, target.clone(), later(), OwnHeads::default()));
         // A slow start fills the socket buffers, so writes wait for room.
         tokio::time::sleep(Duration::from_millis(100)).await;
         let received = tokio::time::timeout(Duration::from_secs(10), async {
@@ -891,7 +964,7 @@ mod tests {
         let feeder = tokio::spawn(async move {
             while sender.send(Ok(Frame::data(Bytes::from(vec![b'x'; 64 * 1024])))).await.is_ok() {}
         });
-        let exchange = tokio::spawn(connection.exchange(request, target.clone(), later(), false));
+        let exchange = tokio::spawn(connection.exchange(request, target.clone(), later(), OwnHeads::default()));
         let head = read_until(&mut far, b"\r\n\r\n").await;
         assert!(head.starts_with(b"POST /upload HTTP/1.1\r\n"));
         assert!(head.windows(26).any(|w| w == b"transfer-encoding: chunked"), "no length known: chunked");

@@ -758,3 +758,59 @@ async fn a_body_arriving_after_its_head_is_streamed_and_the_connection_goes_on()
     assert_eq!(whole, [("/pieces", &b"hello world"[..]), ("/next", b""), ("/after", b"")], "{requests:?}");
     Ok(())
 }
+
+/// The forwarding fields reach the target alike whether the gateway's own
+/// HTTP/1.1 writer writes them (a request in origin form) or they go
+/// through the request's header map (one in absolute form, whose host the
+/// map path takes from the URI): earlier proxies' `X-Forwarded-For` and
+/// `Via` are appended to, the client's `X-Forwarded-Proto` and
+/// `X-Forwarded-Host` are replaced, and `Host` is the target's.
+#[tokio::test]
+async fn forwarding_fields_reach_the_target_alike_from_the_writer_and_from_the_map() -> Result<()> {
+    let edge = RawEdge::start(echo_reply).await?;
+    let target_host = edge.upstream.url().trim_start_matches("http://").to_owned();
+    let fields = "Host: shop.example\r\nX-Forwarded-For: 1.2.3.4\r\nX-Forwarded-For: 5.6.7.8\r\n\
+                  X-Forwarded-Proto: https\r\nX-Forwarded-Host: evil.example\r\nVia: 1.0 edge\r\nAccept: */*\r\n";
+    let mut connection = RawConnection::open(edge.addr()).await?;
+    for target in ["/writer", "http://shop.example/map"] {
+        connection.send(format!("GET {target} HTTP/1.1\r\n{fields}\r\n").as_bytes()).await?;
+        assert_eq!(connection.response("GET").await?.status, 200, "{target}");
+    }
+    // Without a Host (HTTP/1.0): no host to name, and the client's claim of one is not kept.
+    connection
+        .send(b"GET /no-host HTTP/1.0\r\nX-Forwarded-Host: evil.example\r\nConnection: keep-alive\r\n\r\n")
+        .await?;
+    assert_eq!(connection.response("GET").await?.status, 200);
+    let requests = edge.wait_requests(3).await?;
+    let seen = |path: &str| {
+        let request = requests.iter().find(|r| r.path() == path).expect("forwarded");
+        // Each request's own ID, made by the gateway: present, and not compared.
+        let mut fields: Vec<_> = request.headers.iter().filter(|(name, _)| name != "x-request-id").cloned().collect();
+        assert_eq!(fields.len() + 1, request.headers.len(), "{path}: one request ID");
+        fields.sort();
+        fields
+    };
+    let want = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+        let mut pairs: Vec<_> = pairs.iter().map(|(n, v)| ((*n).to_owned(), (*v).to_owned())).collect();
+        pairs.sort();
+        pairs
+    };
+    let forwarded = want(&[
+        ("accept", "*/*"),
+        ("host", &target_host),
+        ("via", "1.0 edge, 1.1 sluice"),
+        ("x-forwarded-for", "1.2.3.4, 5.6.7.8, 127.0.0.1"),
+        ("x-forwarded-host", "shop.example"),
+        ("x-forwarded-proto", "http"),
+    ]);
+    assert_eq!(seen("/writer"), forwarded);
+    assert_eq!(seen("/map"), forwarded);
+    let no_host = want(&[
+        ("host", &target_host),
+        ("via", "1.0 sluice"),
+        ("x-forwarded-for", "127.0.0.1"),
+        ("x-forwarded-proto", "http"),
+    ]);
+    assert_eq!(seen("/no-host"), no_host);
+    Ok(())
+}

@@ -185,6 +185,9 @@ async fn routes_by_host_path_and_method_with_problem_details() -> Result<()> {
     let body: Value = response.json().await?;
     assert_eq!((body["upstream"].as_str(), body["path"].as_str()), (Some("a"), Some("/h2")));
     assert_eq!(body["headers"]["via"], "2 sluice");
+    // Its host came in `:authority`, not `Host`: the forwarding fields name it all the same.
+    assert_eq!(body["headers"]["x-forwarded-host"], proxy.http.to_string());
+    assert_eq!(body["headers"]["host"], a.addr.to_string());
     // So does one whose first bytes arrive alone, too few to tell HTTP/2 from HTTP/1.1.
     let relay = relay_splitting_after(proxy.http, 5).await?;
     let response = h2.get(format!("http://{relay}/shop/h2-in-pieces")).send().await?;
