@@ -87,7 +87,8 @@ fn split_port(raw: &str) -> Result<(&str, Option<u16>), HostError> {
             _ => return Err(HostError::BadName),
         }
     } else {
-        raw.rfind(':')
+        // A byte loop: `rfind` searches for a `char`, at several times the cost on a host this short.
+        raw.bytes().rposition(|b| b == b':')
     };
     let Some(colon) = colon else { return Ok((raw, None)) };
     let digits = &raw[colon + 1..];

@@ -75,12 +75,79 @@ pub fn content_length(value: &[u8]) -> Option<u64> {
 #[error("invalid header field")]
 pub struct InvalidField;
 
+/// The name of a field most heads carry, as `HeaderName::from_bytes` would
+/// name it, for a name httparse took (a token); `None` for any other.
+/// `from_bytes` lower-cases every name into a buffer before it looks for a
+/// standard one: for these few, told by length and first letter and then
+/// compared a word at a time, that was most of a field's cost.
+fn common_name(spelled: &[u8]) -> Option<HeaderName> {
+    let first = spelled.first()? | CASE_BIT;
+    let name = match (spelled.len(), first) {
+        (3, b'v') => header::VIA,
+        (3, b'a') => header::AGE,
+        (4, b'h') => header::HOST,
+        (4, b'd') => header::DATE,
+        (4, b'e') => header::ETAG,
+        (4, b'v') => header::VARY,
+        (6, b'a') => header::ACCEPT,
+        (6, b'c') => header::COOKIE,
+        (6, b's') => header::SERVER,
+        (6, b'o') => header::ORIGIN,
+        (7, b'r') => header::REFERER,
+        (8, b'l') => header::LOCATION,
+        (10, b'u') => header::USER_AGENT,
+        (10, b'c') => header::CONNECTION,
+        (10, b's') => header::SET_COOKIE,
+        (12, b'c') => header::CONTENT_TYPE,
+        (13, b'a') => header::AUTHORIZATION,
+        (13, b'c') => header::CACHE_CONTROL,
+        (13, b'l') => header::LAST_MODIFIED,
+        (13, b'i') => header::IF_NONE_MATCH,
+        (14, b'c') => header::CONTENT_LENGTH,
+        (15, b'a') if spelled[7] | CASE_BIT == b'e' => header::ACCEPT_ENCODING,
+        (15, b'a') => header::ACCEPT_LANGUAGE,
+        (16, b'c') => header::CONTENT_ENCODING,
+        (17, b't') => header::TRANSFER_ENCODING,
+        _ => return None,
+    };
+    same_in_any_case(spelled, name.as_str().as_bytes()).then_some(name)
+}
+
+/// The bit that tells an ASCII letter's cases apart.
+const CASE_BIT: u8 = 0x20;
+
+/// Whether `spelled` is `lower` in any case, where `lower` is lower-case
+/// letters and `-` and `spelled` a token. Setting the case bit folds a
+/// letter to lower case and leaves `-` and digits as they are; the only
+/// other byte it would make a `-` of is CR, which no token holds.
+fn same_in_any_case(spelled: &[u8], lower: &[u8]) -> bool {
+    const WORD_CASE_BITS: u64 = u64::from_ne_bytes([CASE_BIT; 8]);
+    let word = |bytes: &[u8], at: usize| bytes.get(at..at + 8).and_then(|w| <[u8; 8]>::try_from(w).ok());
+    let same_word = |at: usize| match (word(spelled, at), word(lower, at)) {
+        (Some(spelled), Some(lower)) => u64::from_ne_bytes(spelled) | WORD_CASE_BITS == u64::from_ne_bytes(lower),
+        _ => false,
+    };
+    let length = spelled.len();
+    if length != lower.len() {
+        return false;
+    }
+    if length < 8 {
+        return spelled.iter().zip(lower).all(|(s, l)| s | CASE_BIT == *l);
+    }
+    // Whole words, the last one overlapping the one before where the length is not a multiple of 8.
+    (0..length - 8).step_by(8).all(same_word) && same_word(length - 8)
+}
+
 /// Appends `fields`, as they lie in `head`, to `headers`; the values share `head`'s bytes.
 pub fn append_fields(headers: &mut HeaderMap, head: &Bytes, fields: &[Field]) -> Result<(), InvalidField> {
     for field in fields {
         // httparse has held names to the token grammar and values to
         // visible characters, spaces and tabs, as these check again.
-        let name = HeaderName::from_bytes(&head[field.name.0..field.name.1]).map_err(|_| InvalidField)?;
+        let spelled = &head[field.name.0..field.name.1];
+        let name = match common_name(spelled) {
+            Some(name) => name,
+            None => HeaderName::from_bytes(spelled).map_err(|_| InvalidField)?,
+        };
         let value =
             HeaderValue::from_maybe_shared(head.slice(field.value.0..field.value.1)).map_err(|_| InvalidField)?;
         headers.append(name, value);
@@ -205,6 +272,27 @@ mod tests {
         }
         for name in ["trailer", "content-length", "via", "date", "te-", "connectio", "keep-alives", ""] {
             assert!(!is_hop_by_hop(name.as_bytes()), "{name}");
+        }
+    }
+
+    #[test]
+    fn common_names_are_named_as_the_header_map_names_them() {
+        let common = "via age host date etag vary accept cookie server origin referer location user-agent \
+                      connection set-cookie content-type authorization cache-control last-modified if-none-match \
+                      content-length accept-encoding accept-language content-encoding transfer-encoding";
+        let title_case = |name: &str| {
+            name.split('-').map(|word| word[..1].to_ascii_uppercase() + &word[1..]).collect::<Vec<_>>().join("-")
+        };
+        for name in common.split_whitespace() {
+            for spelled in [name.to_owned(), name.to_ascii_uppercase(), title_case(name)] {
+                let expected = HeaderName::from_bytes(spelled.as_bytes()).unwrap();
+                assert_eq!(common_name(spelled.as_bytes()), Some(expected), "{spelled}");
+            }
+        }
+        let others = "x-request-id content-lengths content_length content-lengti hos vias accept-encodinx \
+                      x-forwarded-for";
+        for other in others.split_whitespace().chain([""]) {
+            assert_eq!(common_name(other.as_bytes()), None, "{other}");
         }
     }
 

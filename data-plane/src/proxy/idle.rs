@@ -9,9 +9,9 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crate::clock::now_ms;
+use crate::clock::{ms_at, now_ms};
 
 /// What one client connection is doing: requests in flight and when the last one ended.
 #[derive(Debug)]
@@ -29,7 +29,14 @@ impl ConnectionActivity {
     /// response has been sent, or abandoned).
     pub fn begin(self: &Arc<Self>) -> ActiveRequest {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
-        ActiveRequest(self.clone())
+        ActiveRequest(Some(self.clone()))
+    }
+
+    /// The end time first: a watcher that sees no request in flight must
+    /// also see when the last one ended.
+    fn end(&self, ended_ms: u64) {
+        self.last_ended_ms.store(ended_ms, Ordering::Relaxed);
+        self.in_flight.fetch_sub(1, Ordering::Release);
     }
 
     pub fn in_flight(&self) -> u32 {
@@ -54,15 +61,46 @@ impl ConnectionActivity {
     }
 }
 
-/// A request in flight on its connection.
+/// A request in flight on its connection, until [`ActiveRequest::ended_at`]
+/// or its drop.
 #[derive(Debug)]
-pub struct ActiveRequest(Arc<ConnectionActivity>);
+pub struct ActiveRequest(Option<Arc<ConnectionActivity>>);
+
+impl ActiveRequest {
+    /// Ends the request at `at`, a clock reading its caller took anyway
+    /// (one read fewer per request than the drop's).
+    pub fn ended_at(&mut self, at: Instant) {
+        if let Some(activity) = self.0.take() {
+            activity.end(ms_at(at));
+        }
+    }
+}
 
 impl Drop for ActiveRequest {
     fn drop(&mut self) {
-        // The end time first: a watcher that sees no request in flight must
-        // also see when the last one ended.
-        self.0.last_ended_ms.store(now_ms(), Ordering::Relaxed);
-        self.0.in_flight.fetch_sub(1, Ordering::Release);
+        if let Some(activity) = self.0.take() {
+            activity.end(now_ms());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_ended_at_a_time_counts_out_once_with_that_time() {
+        let activity = ConnectionActivity::new();
+        let (mut first, second) = (activity.begin(), activity.begin());
+        assert_eq!(activity.in_flight(), 2);
+        let ended = Instant::now();
+        first.ended_at(ended);
+        assert_eq!(activity.in_flight(), 1);
+        assert_eq!(activity.last_ended_ms.load(Ordering::Relaxed), ms_at(ended));
+        drop(first);
+        assert_eq!(activity.in_flight(), 1, "ended once, not again when dropped");
+        drop(second);
+        assert_eq!(activity.in_flight(), 0);
+        assert!(activity.last_ended_ms.load(Ordering::Relaxed) >= ms_at(ended));
     }
 }

@@ -119,9 +119,13 @@ impl LoggedBody {
 
     fn finish(&mut self) {
         if let Some(mut exchange) = self.exchange.take() {
-            report(&exchange, self.bytes);
+            // The one clock reading of the end, for the metrics, the log, the span and the connection.
+            let ended = Instant::now();
+            let elapsed = ended.saturating_duration_since(exchange.started);
+            exchange.active.ended_at(ended);
+            report(&exchange, self.bytes, elapsed);
             if let Some(span) = exchange.trace.take() {
-                end_span(span, exchange);
+                end_span(span, exchange, elapsed);
             }
         }
     }
@@ -204,9 +208,9 @@ pub(super) fn user_agent(value: &http::HeaderValue) -> Box<str> {
 
 /// Hands the span what it reports, moved out of the exchange: the rest of
 /// the exchange (the in-flight counts, the table) is released here as usual.
-fn end_span(span: Box<ActiveSpan>, exchange: Exchange) {
+fn end_span(span: Box<ActiveSpan>, exchange: Exchange, elapsed: Duration) {
     span.end(SpanEnd {
-        elapsed: exchange.started.elapsed(),
+        elapsed,
         method: exchange.method,
         scheme: if exchange.tls.is_some() { "https" } else { "http" },
         path: exchange.path,
@@ -224,8 +228,7 @@ fn end_span(span: Box<ActiveSpan>, exchange: Exchange) {
     });
 }
 
-fn report(exchange: &Exchange, bytes: u64) {
-    let elapsed = exchange.started.elapsed();
+fn report(exchange: &Exchange, bytes: u64, elapsed: Duration) {
     let metrics = exchange.api.as_ref().map_or(&*UNROUTED, |api| &api.metrics);
     let bytes_in = exchange.request_body.as_ref().map_or(0, BodyStatus::received);
     metrics.record(&exchange.method, exchange.status, elapsed, (bytes_in, bytes), exchange.grpc_status);

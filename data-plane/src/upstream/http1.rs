@@ -386,7 +386,7 @@ fn encode_head(
     let mut prior = Prior::default();
     for (name, value) in headers {
         if name == header::CONTENT_LENGTH {
-            declared = value.to_str().ok().and_then(|v| v.trim().parse::<u64>().ok());
+            declared = http1_wire::content_length(value.as_bytes().trim_ascii());
             continue;
         }
         if name == header::TRANSFER_ENCODING {
