@@ -49,3 +49,15 @@ def dump_costs(path: Path) -> tuple[int, int]:
         elif kind is None and text.startswith(("summary:", "totals:")):
             instructions = int(text.split()[1])
     return instructions, allocations
+
+
+def dump_events(path: Path) -> dict[str, int]:
+    """Every event one callgrind dump totals, by its name (`Ir`; with `--cache-sim=yes` and `--branch-sim=yes`
+    also the simulated cache misses and mispredicted branches: `I1mr`, `D1mr`, `D1mw`, `Bcm`, ...)."""
+    names: list[str] = []
+    for kind, text in read_dump(path):
+        if kind is None and text.startswith("events:"):
+            names = text.split()[1:]
+        elif kind is None and text.startswith(("summary:", "totals:")):
+            return dict(zip(names, map(int, text.split()[1:])))
+    return {}

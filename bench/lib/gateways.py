@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import peers, procs
-from .callgrind import callgrind_control, dump_costs
+from .callgrind import callgrind_control, dump_costs, dump_events
 from .context import BASIC_HEADER, BASIC_PASSWORD, BASIC_USER, Certs, body_1066, htpasswd_ssha, make_certs
 from .sluice import Sluice
 
@@ -57,9 +57,11 @@ class Gateway:
     urls: dict[str, tuple[str, int, str]]  # case -> (host, port, path)
 
 
-def valgrind(workdir: Path, name: str) -> list[str]:
+def valgrind(workdir: Path, name: str, simulate: bool) -> list[str]:
+    """`simulate`: also callgrind's cache and branch-predictor simulation (several times slower)."""
     return ["valgrind", "--tool=callgrind", "--instr-atstart=no",
-            f"--callgrind-out-file={workdir}/callgrind.{name}.%p"]
+            f"--callgrind-out-file={workdir}/callgrind.{name}.%p",
+            *(["--cache-sim=yes", "--branch-sim=yes"] if simulate else [])]
 
 
 class Clients:
@@ -120,7 +122,9 @@ def measure(gateway: Gateway, case: Case, ca: Path, workdir: Path, connections: 
     if not dumps:
         raise RuntimeError(f"callgrind wrote no dump for {gateway.name} {case.name}")
     instructions, allocations = dump_costs(dumps[-1])
-    return {"instructions": instructions / requests, "allocations": allocations / requests}
+    figures = {"instructions": instructions / requests, "allocations": allocations / requests}
+    simulated = {event: count / requests for event, count in dump_events(dumps[-1]).items() if event != "Ir"}
+    return {**figures, "simulated": simulated} if simulated else figures
 
 
 def check_upstream_saw(gateway: Gateway, case: Case, ca: Path) -> None:
@@ -161,10 +165,10 @@ class Upstreams:
     tls: str
 
 
-def start_sluice(bins: Path, workdir: Path, up: Upstreams, certs: Certs) -> tuple[Sluice, Gateway]:
+def start_sluice(bins: Path, workdir: Path, up: Upstreams, certs: Certs, simulate: bool) -> tuple[Sluice, Gateway]:
     sluice = Sluice(bins, workdir, gateway_cpus=None, gateway_cores=1)
     sluice.start_control_plane()
-    dp = sluice.start_data_plane("sluice-dp", wrapper=valgrind(workdir, "sluice"))
+    dp = sluice.start_data_plane("sluice-dp", wrapper=valgrind(workdir, "sluice", simulate))
     sluice.configure({
         "certificates": [{"name": "profile", "chain": certs.leaf.read_text(), "key": certs.leaf_key.read_text(),
                           "default": True}],
@@ -189,7 +193,7 @@ def start_sluice(bins: Path, workdir: Path, up: Upstreams, certs: Certs) -> tupl
     })
 
 
-def start_nginx(workdir: Path, up: Upstreams, certs: Certs) -> Gateway:
+def start_nginx(workdir: Path, up: Upstreams, certs: Certs, simulate: bool) -> Gateway:
     d = workdir / "nginx"
     peers.nginx_dirs(d)
     port, tls_port = procs.free_port(), procs.free_port()
@@ -204,7 +208,7 @@ def start_nginx(workdir: Path, up: Upstreams, certs: Certs) -> Gateway:
                          peers.nginx_upstream("backend_tls", [up.tls])])
     conf = d / "nginx.conf"
     conf.write_text(peers.nginx_conf(d, 1, servers, upstreams, peers.PER_CONSUMER_ZONE, single_process=True))
-    proc = procs.start("nginx", [*valgrind(workdir, "nginx"), "nginx", "-c", str(conf), "-p", str(d)], workdir,
+    proc = procs.start("nginx", [*valgrind(workdir, "nginx", simulate), "nginx", "-c", str(conf), "-p", str(d)], workdir,
                        stop_signal=signal.SIGTERM)
     procs.wait_tcp(port, timeout=120, proc=proc)
     procs.wait_tcp(tls_port, timeout=120, proc=proc)
@@ -213,7 +217,7 @@ def start_nginx(workdir: Path, up: Upstreams, certs: Certs) -> Gateway:
                                    "secured": ("127.0.0.1", tls_port, "/shop/v2/products")})
 
 
-def start_haproxy(workdir: Path, up: Upstreams, certs: Certs) -> Gateway:
+def start_haproxy(workdir: Path, up: Upstreams, certs: Certs, simulate: bool) -> Gateway:
     """HAProxy with `nbthread 1`: plain HTTP (one upstream, and a round-robin pool for /api), and the secured
     case: TLS in, `http-request auth` against a userlist, a stick table counting each consumer's requests
     (a limit never reached), the credentials removed and the consumer named, TLS (verified) to the upstream."""
@@ -222,7 +226,7 @@ def start_haproxy(workdir: Path, up: Upstreams, certs: Certs) -> Gateway:
     port, tls_port = procs.free_port(), procs.free_port()
     path = d / "haproxy.cfg"
     path.write_text(haproxy_conf(d, port, tls_port, up, certs))
-    proc = procs.start("haproxy", [*valgrind(workdir, "haproxy"), "haproxy", "-db", "-f", str(path)], workdir)
+    proc = procs.start("haproxy", [*valgrind(workdir, "haproxy", simulate), "haproxy", "-db", "-f", str(path)], workdir)
     procs.wait_tcp(port, timeout=120, proc=proc)
     procs.wait_tcp(tls_port, timeout=120, proc=proc)
     return Gateway("haproxy", proc, {"proxy": ("127.0.0.1", port, "/shop/v2/products"),
@@ -264,8 +268,10 @@ backend be_tls
 """
 
 
-def run(bins: Path, workdir: Path, names: list[str], connections: int, warmup: int, requests: int) -> dict:
-    """Every gateway in `names` in turn, each through every case; the figures per gateway and case."""
+def run(bins: Path, workdir: Path, names: list[str], connections: int, warmup: int, requests: int,
+        simulate: bool = False) -> dict:
+    """Every gateway in `names` in turn, each through every case; the figures per gateway and case. `simulate`:
+    also the simulated cache misses and mispredicted branches per request (see `valgrind`)."""
     certs = make_certs(workdir / "certs")
     start = lambda name, argv: procs.start(name, argv, workdir)  # noqa: E731
     upstream = lambda name, *extra: start(name, [str(bins / "sluice-test-upstream"), "--addr", "127.0.0.1:0",  # noqa: E731
@@ -280,11 +286,11 @@ def run(bins: Path, workdir: Path, names: list[str], connections: int, warmup: i
             procs.log(f"{name} under callgrind")
             sluice = None
             if name == "sluice":
-                sluice, gateway = start_sluice(bins, workdir, up, certs)
+                sluice, gateway = start_sluice(bins, workdir, up, certs, simulate)
             elif name == "nginx":
-                gateway = start_nginx(workdir, up, certs)
+                gateway = start_nginx(workdir, up, certs, simulate)
             else:
-                gateway = start_haproxy(workdir, up, certs)
+                gateway = start_haproxy(workdir, up, certs, simulate)
             try:
                 results[name] = {}
                 for case in cases():
@@ -302,7 +308,7 @@ def run(bins: Path, workdir: Path, names: list[str], connections: int, warmup: i
         for proc in started:
             proc.stop()
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "connections": connections,
-            "warmup": warmup, "requests": requests,
+            "warmup": warmup, "requests": requests, "simulated": simulate,
             "cases": {c.name: c.what for c in cases()}, "gateways": results}
 
 
@@ -322,4 +328,22 @@ def table(figures: dict) -> list[str]:
             s, n = got["sluice"], got["nginx"]
             row.append(f"{s['instructions'] / n['instructions']:.2f}x" if s and n else "–")
         lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+# callgrind's simulated events worth a column, in its names: data writes, L1 misses (instruction fetch, data
+# read, data write) and mispredicted branches (conditional, indirect).
+SIMULATED = {"Dw": "data writes", "I1mr": "L1i misses", "D1mr": "L1d read misses", "D1mw": "L1d write misses",
+             "Bcm": "cond. branches missed", "Bim": "indirect branches missed"}
+
+
+def simulated_table(figures: dict) -> list[str]:
+    """Markdown: the simulated events per request (`run(..., simulate=True)`), a row per gateway and case."""
+    head = ["gateway", "case", "instr/req", *SIMULATED.values()]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for gateway, by_case in figures["gateways"].items():
+        for case, got in by_case.items():
+            events = got.get("simulated", {})
+            row = [gateway, case, f"{got['instructions']:,.0f}", *(f"{events.get(e, 0):,.0f}" for e in SIMULATED)]
+            lines.append("| " + " | ".join(row) + " |")
     return lines
