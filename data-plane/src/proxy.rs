@@ -213,10 +213,12 @@ impl Peer {
 /// Not an `async fn`, and neither are the steps it awaits: an async fn's
 /// future holds each argument twice (as passed, and moved into the body),
 /// and this future is held in every open connection's task (`http1`) or
-/// allocation (hyper), so every byte counts once per open connection.
+/// allocation (hyper), so every byte counts once per open connection. For
+/// the same reason the block uses its arguments as bound here: rebound in
+/// the block (`let mut request = request`), one is held twice too.
 #[allow(clippy::manual_async_fn, reason = "see the doc comment")]
 fn handle(
-    request: Request<RequestBody>,
+    mut request: Request<RequestBody>,
     body: Option<BodyStatus>,
     started: Instant,
     shared: Arc<Shared>,
@@ -225,7 +227,6 @@ fn handle(
     fields_as_sent: bool,
 ) -> impl Future<Output = Result<Response<LoggedBody>, Infallible>> {
     async move {
-        let mut request = request;
         // First, so that every answer, even one refused before routing, carries the ID.
         let (request_id, echo) = inbound::request_id(request.headers_mut(), &shared.options.request_id_header);
         // Before anything can refuse the request: a refusal is traced too.
@@ -258,7 +259,7 @@ fn handle(
             table: None,
             trace,
         };
-        let response = match route_and_forward(request, &shared, &peer, &mut exchange).await {
+        let mut response = match route_and_forward(request, &shared, &peer, &mut exchange).await {
             Ok(response) => response,
             Err(error) => {
                 let request_id = exchange.request_id.as_str();
@@ -272,7 +273,6 @@ fn handle(
                 error.to_response(&exchange.path, request_id)
             }
         };
-        let mut response = response;
         // The gateway's ID replaces any the upstream sent: the client must see
         // the one in the logs. A target's fields kept as sent get it from the
         // client's writer, after them.
@@ -290,7 +290,7 @@ fn handle(
 
 #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see proxy::handle)")]
 fn route_and_forward<'a>(
-    request: Request<RequestBody>,
+    mut request: Request<RequestBody>,
     shared: &'a Shared,
     peer: &'a Peer,
     exchange: &'a mut Exchange,
@@ -302,7 +302,6 @@ fn route_and_forward<'a>(
         exchange.table = Some(table.clone());
         // Before routing: routing, policies, validation, the access log and the
         // upstream all see this one path.
-        let mut request = request;
         let canonical = inbound::canonicalize_path(&mut request, exchange)?;
         // Before any policy: hop-by-hop headers, and those a client may not
         // send, are gone before auth or header rules set theirs.
