@@ -122,8 +122,9 @@ impl LoggedBody {
             // The one clock reading of the end, for the metrics, the log, the span and the connection.
             let ended = Instant::now();
             let elapsed = ended.saturating_duration_since(exchange.started);
-            exchange.active.ended_at(ended);
             report(&exchange, self.bytes, elapsed);
+            // After the log line: a drain that sees no request in flight finds it written.
+            exchange.active.ended_at(ended);
             if let Some(span) = exchange.trace.take() {
                 end_span(span, exchange, elapsed);
             }
