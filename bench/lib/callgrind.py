@@ -36,9 +36,13 @@ def read_dump(path: Path):
             yield kind, names.get(ident)
 
 
-def dump_costs(path: Path) -> tuple[int, int]:
-    """(instructions, allocation calls) of one callgrind dump."""
-    instructions = allocations = 0
+def dump_costs(path: Path) -> tuple[dict[str, int], int]:
+    """(events, allocation calls) of one callgrind dump: every event it totals, by its name (`Ir`, the
+    instructions; with `--cache-sim=yes` and `--branch-sim=yes` also the simulated cache misses and
+    mispredicted branches: `I1mr`, `D1mr`, `D1mw`, `Bcm`, ...), and the calls of the allocation functions."""
+    names: list[str] = []
+    events: dict[str, int] = {}
+    allocations = 0
     callee = None
     for kind, text in read_dump(path):
         if kind == "cfn":
@@ -46,18 +50,8 @@ def dump_costs(path: Path) -> tuple[int, int]:
         elif kind is None and text.startswith("calls="):
             if callee in ALLOC_FUNCTIONS:
                 allocations += int(text.split()[0].split("=")[1])
-        elif kind is None and text.startswith(("summary:", "totals:")):
-            instructions = int(text.split()[1])
-    return instructions, allocations
-
-
-def dump_events(path: Path) -> dict[str, int]:
-    """Every event one callgrind dump totals, by its name (`Ir`; with `--cache-sim=yes` and `--branch-sim=yes`
-    also the simulated cache misses and mispredicted branches: `I1mr`, `D1mr`, `D1mw`, `Bcm`, ...)."""
-    names: list[str] = []
-    for kind, text in read_dump(path):
-        if kind is None and text.startswith("events:"):
+        elif kind is None and text.startswith("events:"):
             names = text.split()[1:]
         elif kind is None and text.startswith(("summary:", "totals:")):
-            return dict(zip(names, map(int, text.split()[1:])))
-    return {}
+            events = dict(zip(names, map(int, text.split()[1:])))
+    return events, allocations

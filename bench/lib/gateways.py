@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import peers, procs
-from .callgrind import callgrind_control, dump_costs, dump_events
+from .callgrind import callgrind_control, dump_costs
 from .context import BASIC_HEADER, BASIC_PASSWORD, BASIC_USER, Certs, body_1066, htpasswd_ssha, make_certs
 from .sluice import Sluice
 
@@ -121,9 +121,9 @@ def measure(gateway: Gateway, case: Case, ca: Path, workdir: Path, connections: 
     dumps = sorted(set(workdir.glob(f"callgrind.{gateway.name}.*")) - before, key=lambda f: f.stat().st_mtime)
     if not dumps:
         raise RuntimeError(f"callgrind wrote no dump for {gateway.name} {case.name}")
-    instructions, allocations = dump_costs(dumps[-1])
-    figures = {"instructions": instructions / requests, "allocations": allocations / requests}
-    simulated = {event: count / requests for event, count in dump_events(dumps[-1]).items() if event != "Ir"}
+    events, allocations = dump_costs(dumps[-1])
+    figures = {"instructions": events["Ir"] / requests, "allocations": allocations / requests}
+    simulated = {event: count / requests for event, count in events.items() if event != "Ir"}
     return {**figures, "simulated": simulated} if simulated else figures
 
 
@@ -308,7 +308,7 @@ def run(bins: Path, workdir: Path, names: list[str], connections: int, warmup: i
         for proc in started:
             proc.stop()
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "connections": connections,
-            "warmup": warmup, "requests": requests, "simulated": simulate,
+            "warmup": warmup, "requests": requests,
             "cases": {c.name: c.what for c in cases()}, "gateways": results}
 
 

@@ -195,7 +195,7 @@ impl PolicyChain {
         Ok(chain)
     }
 
-    /// An API without policies goes straight to the upstream.
+    /// An API without policies goes straight to the upstream (see `apply`).
     pub fn is_empty(&self) -> bool {
         let PolicyChain { api: _, cors, ip_restriction, size_limit, auth, rate_limit, headers, openapi } = self;
         cors.is_none()
@@ -217,7 +217,9 @@ impl PolicyChain {
     /// the API lists them in; `forward` sends the request upstream. A policy
     /// that refuses answers with problem details, and the upstream sees
     /// nothing. `consumer` is set once authentication has named one (for the
-    /// access log), even if a later policy refuses the request.
+    /// access log), even if a later policy refuses the request. An API
+    /// without policies does not come here: `proxy::route_and_forward`
+    /// forwards its requests itself.
     #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see proxy::handle)")]
     pub fn apply<F, Fut>(
         &self,
@@ -232,10 +234,6 @@ impl PolicyChain {
     {
         let RequestContext { instance, request_id, client_ip, body } = context;
         async move {
-            if self.is_empty() {
-                // A client-sent X-Consumer-Username is already gone (`proxy::inbound`).
-                return forward(request).await;
-            }
             let request_id = request_id.as_str();
             let method = request.method().clone();
             // 1. CORS first: a preflight carries no credentials, so it is answered

@@ -338,17 +338,20 @@ fn route_and_forward<'a>(
         let raw_path = canonical.raw.filter(|_| api.forward_raw_path);
         taken.upgrade = taken.upgrade.and_then(|upgrade| upgrade.allowed(api.allow_h2c_upgrade));
         exchange.api = Some(api.clone());
-        let body = exchange.request_body.clone();
         let (api, options) = (api.as_ref(), &shared.options);
-        let mut consumer = None;
+        // Without policies, straight to the forward (a client-sent
+        // X-Consumer-Username is already gone, see `inbound`): the chain's
+        // future is larger than the forward's it wraps, and would be built and
+        // moved anyway.
+        if api.policies.is_empty() {
+            return forward::forward(api, request, raw_path, taken, peer, options, exchange).await;
+        }
+        let body = exchange.request_body.clone();
         let (path, request_id) = (exchange.path.clone(), exchange.request_id);
         let context =
             RequestContext { instance: &path, request_id: &request_id, client_ip: peer.ip, body: body.as_ref() };
-        // Without policies, straight to the forward: the chain's future is
-        // larger than the forward's it wraps, and would be built and moved anyway.
-        let result = if api.policies.is_empty() {
-            forward::forward(api, request, raw_path, taken, peer, options, exchange).await
-        } else {
+        let mut consumer = None;
+        let result = {
             let exchange = &mut *exchange;
             api.policies
                 .apply(request, context, &mut consumer, move |request| {

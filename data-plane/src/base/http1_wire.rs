@@ -26,7 +26,7 @@ pub const HOP_BY_HOP: [HeaderName; 7] = [
     header::TRANSFER_ENCODING,
 ];
 
-/// Whether a field named `name` (as it came on the wire, in any case)
+/// Whether a field named `name` (a token as it came on the wire, in any case)
 /// describes one hop: one of [`HOP_BY_HOP`], or `Upgrade`. By length first:
 /// this runs on every field of every response head from a target.
 pub fn is_hop_by_hop(name: &[u8]) -> bool {
@@ -40,7 +40,7 @@ pub fn is_hop_by_hop(name: &[u8]) -> bool {
         19 => &[b"proxy-authorization"],
         _ => return false,
     };
-    same_length.iter().any(|hop| name.eq_ignore_ascii_case(hop))
+    same_length.iter().any(|hop| same_in_any_case(name, hop))
 }
 
 /// A header field's name and value, as byte ranges of the head it was parsed from.
