@@ -26,7 +26,7 @@ use http_body_util::BodyExt;
 use sluice_proto::v1;
 use sluice_proto::v1::policy::Kind;
 
-pub use auth::X_CONSUMER_USERNAME;
+pub use auth::{X_CONSUMER_USERNAME, X_CONSUMER_USERNAME_SPELLED};
 pub use rejection::Rejection;
 
 use crate::base::{BodyStatus, ProxyBody, ProxyError, RequestBody, RequestId, full_body};

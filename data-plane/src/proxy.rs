@@ -35,6 +35,7 @@ pub use inbound::{DEFAULT_HEADER_LIMITS, HeaderLimits};
 pub use log::LoggedBody;
 pub use tls_server::{TlsSetupError, tls_server_config};
 
+use crate::base::http1_wire::HeadFields;
 use crate::base::{BodyStatus, Origin, ProxyBody, ProxyError, RequestBody};
 use crate::policy::RequestContext;
 use crate::routing::{CompiledApi, RouteMiss, RoutingTable, TableStore};
@@ -42,6 +43,7 @@ use crate::trace::Tracer;
 use balance::Seat;
 use connection::Protocols;
 use idle::ActiveRequest;
+use inbound::HopByHop;
 use log::Exchange;
 
 /// Settings of the proxy listener (from the data plane's settings).
@@ -208,7 +210,8 @@ impl Peer {
 /// One request, from its head to the response ready for the client.
 /// `body` is the status of the request's body, when it has one (see
 /// `client_body::watch`); `started` is when its head had arrived;
-/// `fields_as_sent`: see `log::Exchange::fields_as_sent`.
+/// `fields_as_sent`: see `log::Exchange::fields_as_sent`; `as_sent`: the
+/// request's fields when they are not in its map (see `HeadFields`).
 ///
 /// Not an `async fn`, and neither are the steps it awaits: an async fn's
 /// future holds each argument twice (as passed, and moved into the body),
@@ -217,6 +220,10 @@ impl Peer {
 /// the same reason the block uses its arguments as bound here: rebound in
 /// the block (`let mut request = request`), one is held twice too.
 #[allow(clippy::manual_async_fn, reason = "see the doc comment")]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "each is a part of the request; a struct of them would be moved once more"
+)]
 fn handle(
     mut request: Request<RequestBody>,
     body: Option<BodyStatus>,
@@ -225,9 +232,12 @@ fn handle(
     peer: Peer,
     active: ActiveRequest,
     fields_as_sent: bool,
+    as_sent: Option<HeadFields<'_>>,
 ) -> impl Future<Output = Result<Response<LoggedBody>, Infallible>> {
     async move {
-        // First, so that every answer, even one refused before routing, carries the ID.
+        // First, so that every answer, even one refused before routing,
+        // carries the ID. Fields kept as sent hold none (see
+        // `inbound::fields_stay_as_sent`): the new one goes in the map.
         let (request_id, echo) = inbound::request_id(request.headers_mut(), &shared.options.request_id_header);
         // Before anything can refuse the request: a refusal is traced too.
         // The span's `traceparent` replaces the client's here, so the
@@ -244,7 +254,12 @@ fn handle(
             method: request.method().clone(),
             path: request.uri().path().into(),
             host: None,
-            user_agent: access_log.then(|| request.headers().get(header::USER_AGENT).map(log::user_agent)).flatten(),
+            user_agent: access_log
+                .then(|| match as_sent {
+                    Some(fields) => fields.values("user-agent").next().map(log::user_agent),
+                    None => request.headers().get(header::USER_AGENT).map(|value| log::user_agent(value.as_bytes())),
+                })
+                .flatten(),
             api: None,
             upstream_target: None,
             upstream_status: None,
@@ -259,7 +274,7 @@ fn handle(
             table: None,
             trace,
         };
-        let mut response = match route_and_forward(request, &shared, &peer, &mut exchange).await {
+        let mut response = match route_and_forward(request, as_sent, &shared, &peer, &mut exchange).await {
             Ok(response) => response,
             Err(error) => {
                 let request_id = exchange.request_id.as_str();
@@ -291,6 +306,7 @@ fn handle(
 #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see proxy::handle)")]
 fn route_and_forward<'a>(
     mut request: Request<RequestBody>,
+    mut as_sent: Option<HeadFields<'a>>,
     shared: &'a Shared,
     peer: &'a Peer,
     exchange: &'a mut Exchange,
@@ -305,9 +321,16 @@ fn route_and_forward<'a>(
         let canonical = inbound::canonicalize_path(&mut request, exchange)?;
         // Before any policy: hop-by-hop headers, and those a client may not
         // send, are gone before auth or header rules set theirs.
-        let mut taken =
-            inbound::clean_headers(request.headers_mut(), &shared.options.headers, &shared.options.request_id_header)?;
-        let host = inbound::request_host(&request)?;
+        // Fields kept as sent hold nothing it would take (see `inbound::fields_stay_as_sent`).
+        let mut taken = match as_sent {
+            Some(_) => HopByHop::default(),
+            None => inbound::clean_headers(
+                request.headers_mut(),
+                &shared.options.headers,
+                &shared.options.request_id_header,
+            )?,
+        };
+        let host = inbound::request_host(&request, as_sent)?;
         let host = host.as_ref().map(|host| host.name.as_ref());
         if exchange.access_log {
             exchange.host = host.map(Box::from);
@@ -324,7 +347,7 @@ fn route_and_forward<'a>(
                     path: exchange.path.to_string(),
                 });
             }
-            Err(RouteMiss::MethodNotAllowed { allow }) => match preflight_route(&table, host, &request) {
+            Err(RouteMiss::MethodNotAllowed { allow }) => match preflight_route(&table, host, &request, as_sent) {
                 Some(api) => api,
                 None => {
                     return Err(ProxyError::MethodNotAllowed {
@@ -344,8 +367,10 @@ fn route_and_forward<'a>(
         // future is larger than the forward's it wraps, and would be built and
         // moved anyway.
         if api.policies.is_empty() {
-            return forward::forward(api, request, raw_path, taken, peer, options, exchange).await;
+            return forward::forward(api, request, as_sent, raw_path, taken, peer, options, exchange).await;
         }
+        // The policies read and change the request's fields in its map.
+        inbound::into_map(&mut as_sent, request.headers_mut())?;
         let body = exchange.request_body.clone();
         let (path, request_id) = (exchange.path.clone(), exchange.request_id);
         let context =
@@ -355,7 +380,7 @@ fn route_and_forward<'a>(
             let exchange = &mut *exchange;
             api.policies
                 .apply(request, context, &mut consumer, move |request| {
-                    forward::forward(api, request, raw_path, taken, peer, options, exchange)
+                    forward::forward(api, request, None, raw_path, taken, peer, options, exchange)
                 })
                 .await
         };
@@ -367,12 +392,25 @@ fn route_and_forward<'a>(
 /// A CORS preflight is an OPTIONS request about another method, which the
 /// API may not route; it belongs to the API serving the method it asks
 /// about, when that API's CORS policy answers preflights.
-fn preflight_route<B>(table: &RoutingTable, host: Option<&str>, request: &Request<B>) -> Option<Arc<CompiledApi>> {
-    if request.method() != Method::OPTIONS || !request.headers().contains_key(header::ORIGIN) {
+fn preflight_route<B>(
+    table: &RoutingTable,
+    host: Option<&str>,
+    request: &Request<B>,
+    as_sent: Option<HeadFields<'_>>,
+) -> Option<Arc<CompiledApi>> {
+    if request.method() != Method::OPTIONS {
         return None;
     }
-    let requested = request.headers().get(header::ACCESS_CONTROL_REQUEST_METHOD)?;
-    let method = Method::from_bytes(requested.as_bytes()).ok()?;
+    let requested = match as_sent {
+        Some(fields) if fields.values("origin").next().is_some() => {
+            fields.values("access-control-request-method").next()
+        }
+        None if request.headers().contains_key(header::ORIGIN) => {
+            request.headers().get(header::ACCESS_CONTROL_REQUEST_METHOD).map(HeaderValue::as_bytes)
+        }
+        _ => None,
+    }?;
+    let method = Method::from_bytes(requested).ok()?;
     let api = table.route(host, request.uri().path(), &method).ok()?;
     api.policies.answers_preflights().then(|| api.clone())
 }

@@ -322,6 +322,11 @@ impl UpstreamPool {
         self.balancer.hashed_header().is_some_and(|name| Replaced::of(name).is_some())
     }
 
+    /// Whether a pick reads the request's header fields: they must then be in its map.
+    pub fn picks_by_request_field(&self) -> bool {
+        self.balancer.reads_request_fields()
+    }
+
     /// Picks a target for an attempt of a request (and marks it `tried`):
     /// for a retry, one the request has not tried when there is one, else
     /// any (a single target may well answer on a new connection); `None`

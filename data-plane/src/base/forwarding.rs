@@ -11,11 +11,14 @@
 use http::Version;
 use http::header::{self, Entry, HeaderMap, HeaderName, HeaderValue};
 
-use super::http1_wire::write_line;
+use super::http1_wire::{is_named, write_line};
 
-pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-pub const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static(X_FORWARDED_FOR_SPELLED);
+pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static(X_FORWARDED_PROTO_SPELLED);
+pub const X_FORWARDED_HOST: HeaderName = HeaderName::from_static(X_FORWARDED_HOST_SPELLED);
+const X_FORWARDED_FOR_SPELLED: &str = "x-forwarded-for";
+const X_FORWARDED_PROTO_SPELLED: &str = "x-forwarded-proto";
+const X_FORWARDED_HOST_SPELLED: &str = "x-forwarded-host";
 
 /// The gateway's entry in `Via` for a message received over `version`.
 pub fn own_via(version: Version) -> &'static str {
@@ -75,12 +78,29 @@ impl Replaced {
     }
 }
 
+impl Replaced {
+    /// Which forwarding field a field spelled `name` on the wire (in any
+    /// case) is, if any. Compared with the names as text: a constant
+    /// `HeaderName` of a custom name is built and dropped at each use.
+    pub fn of_spelled(name: &[u8]) -> Option<Replaced> {
+        let (replaced, its_name) = match name.len() {
+            3 => (Replaced::Via, "via"),
+            4 => (Replaced::Host, "host"),
+            15 => (Replaced::ForwardedFor, X_FORWARDED_FOR_SPELLED),
+            16 => (Replaced::ForwardedHost, X_FORWARDED_HOST_SPELLED),
+            17 => (Replaced::ForwardedProto, X_FORWARDED_PROTO_SPELLED),
+            _ => return None,
+        };
+        is_named(name, its_name).then_some(replaced)
+    }
+}
+
 /// What a request's fields held of those the forwarding fields build on,
 /// noted while they are written out.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Prior<'h> {
     /// The first `Host` (the request's head has been held to one).
-    pub host: Option<&'h HeaderValue>,
+    pub host: Option<&'h [u8]>,
     pub forwarded_for: bool,
     pub via: bool,
 }
@@ -88,7 +108,7 @@ pub struct Prior<'h> {
 impl<'h> Prior<'h> {
     /// Notes `value` of a field that `replaced` names.
     #[inline]
-    pub fn note(&mut self, replaced: Replaced, value: &'h HeaderValue) {
+    pub fn note(&mut self, replaced: Replaced, value: &'h [u8]) {
         match replaced {
             Replaced::Host => {
                 self.host.get_or_insert(value);
@@ -112,11 +132,10 @@ fn join<'v>(out: &mut Vec<u8>, earlier: impl Iterator<Item = &'v HeaderValue>, o
 }
 
 impl Forwarding<'_> {
-    /// The `Host` a target gets: its own, or the client's (in `headers`)
-    /// for an API that preserves it, when the client named one.
-    pub fn host<'h>(&self, headers: &'h HeaderMap, target_host: &'h HeaderValue) -> &'h HeaderValue {
-        let client_host = if self.preserve_host { headers.get(header::HOST) } else { None };
-        client_host.unwrap_or(target_host)
+    /// The `Host` a target gets: its own, or the client's for an API that
+    /// preserves it, when the client named one.
+    pub fn host<'h>(&self, client_host: Option<&'h [u8]>, target_host: &'h HeaderValue) -> &'h [u8] {
+        client_host.filter(|_| self.preserve_host).unwrap_or(target_host.as_bytes())
     }
 
     /// Sets the forwarding fields in `headers`; `host`: the host the client asked for.
@@ -138,7 +157,7 @@ impl Forwarding<'_> {
         write_joined(out, headers, &X_FORWARDED_FOR, prior.forwarded_for, self.client.as_bytes());
         write_line(out, X_FORWARDED_PROTO.as_str().as_bytes(), self.scheme.as_bytes());
         if let Some(host) = prior.host {
-            write_line(out, X_FORWARDED_HOST.as_str().as_bytes(), host.as_bytes());
+            write_line(out, X_FORWARDED_HOST.as_str().as_bytes(), host);
         }
         write_joined(out, headers, &header::VIA, prior.via, self.via.as_bytes());
     }
@@ -187,7 +206,7 @@ mod tests {
         let mut lines = Vec::new();
         for (name, value) in fields {
             match Replaced::of(name) {
-                Some(replaced) => prior.note(replaced, value),
+                Some(replaced) => prior.note(replaced, value.as_bytes()),
                 None => lines.push((name.to_string(), value.to_str().unwrap().to_string())),
             }
         }
@@ -284,6 +303,7 @@ mod tests {
             ("content-length", None),
         ] {
             assert_eq!(Replaced::of(&HeaderName::from_static(name)), want, "{name}");
+            assert_eq!(Replaced::of_spelled(name.to_ascii_uppercase().as_bytes()), want, "{name}");
         }
     }
 }

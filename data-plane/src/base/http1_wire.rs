@@ -50,6 +50,54 @@ pub struct Field {
     pub value: (usize, usize),
 }
 
+/// A request's header fields left where the client's head holds them, out
+/// of any header map: a request for an API without policies goes to an
+/// HTTP/1.1 target with its fields written from here, when nothing would
+/// change them before (see `proxy::inbound::fields_stay_as_sent`).
+/// Building the map only to write it out again cost a proxied request
+/// more than the rest of its header handling.
+#[derive(Clone, Copy, Debug)]
+pub struct HeadFields<'f> {
+    head: &'f Bytes,
+    fields: &'f [Field],
+}
+
+impl<'f> HeadFields<'f> {
+    /// The fields `fields` says lie in `head`.
+    pub fn new(head: &'f Bytes, fields: &'f [Field]) -> Self {
+        HeadFields { head, fields }
+    }
+
+    /// Each field's name (as spelled) and value, in order.
+    pub fn iter(self) -> impl Iterator<Item = (&'f [u8], &'f [u8])> {
+        let head: &'f [u8] = self.head;
+        self.fields.iter().map(move |field| (&head[field.name.0..field.name.1], &head[field.value.0..field.value.1]))
+    }
+
+    /// The values of the fields named `name` (see `is_named`), in any case.
+    pub fn values(self, name: &'static str) -> impl Iterator<Item = &'f [u8]> {
+        self.iter().filter(move |(spelled, _)| is_named(spelled, name)).map(|(_, value)| value)
+    }
+
+    /// Appends the fields to `headers`, as a request that needs its map has them.
+    pub fn append_to(self, headers: &mut HeaderMap) -> Result<(), InvalidField> {
+        append_fields(headers, self.head, self.fields)
+    }
+}
+
+/// The fields of `lines` (header lines ending in an empty line), as a
+/// parsed head has them: for tests of what reads `HeadFields`.
+#[cfg(test)]
+pub fn fields_of(lines: &str) -> (Bytes, Vec<Field>) {
+    let head = Bytes::copy_from_slice(lines.as_bytes());
+    let mut parsed = [httparse::EMPTY_HEADER; 32];
+    let Ok(httparse::Status::Complete((_, parsed))) = httparse::parse_headers(&head, &mut parsed) else {
+        panic!("not whole header lines: {lines:?}");
+    };
+    let fields = parsed.iter().map(|field| Field::of(&head, field)).collect();
+    (head, fields)
+}
+
 /// Where `part` (a slice httparse took out of `head`) lies in `head`.
 pub fn range(head: &[u8], part: &[u8]) -> (usize, usize) {
     let start = part.as_ptr() as usize - head.as_ptr() as usize;
@@ -111,6 +159,13 @@ fn common_name(spelled: &[u8]) -> Option<HeaderName> {
         _ => return None,
     };
     same_in_any_case(spelled, name.as_str().as_bytes()).then_some(name)
+}
+
+/// Whether a field's name as spelled on the wire (a token, in any case) is
+/// `lower`, a name of lower-case letters, digits and `-`.
+#[inline]
+pub fn is_named(spelled: &[u8], lower: &str) -> bool {
+    same_in_any_case(spelled, lower.as_bytes())
 }
 
 /// The bit that tells an ASCII letter's cases apart.

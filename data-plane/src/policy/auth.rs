@@ -25,7 +25,9 @@ use crate::fast_map::FastMap;
 
 /// Set by the gateway for the upstream; a client-sent value is always dropped
 /// so nobody can claim to be a consumer by sending the header.
-pub const X_CONSUMER_USERNAME: HeaderName = HeaderName::from_static("x-consumer-username");
+pub const X_CONSUMER_USERNAME: HeaderName = HeaderName::from_static(X_CONSUMER_USERNAME_SPELLED);
+/// Its name, for a check on the wire before any header map.
+pub const X_CONSUMER_USERNAME_SPELLED: &str = "x-consumer-username";
 
 /// The `policy` of every authentication refusal (basic, API key, JWT, or
 /// several at once): one label value for the step, whatever methods an API

@@ -10,11 +10,11 @@ use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body as _;
 use hyper_util::rt::TokioIo;
 
-use super::inbound::HopByHop;
+use super::inbound::{self, HopByHop};
 use super::log::Exchange;
 use super::{Peer, ProxyOptions};
 use crate::base::forwarding::{self, Forwarding};
-use crate::base::http1_wire::HOP_BY_HOP;
+use crate::base::http1_wire::{HOP_BY_HOP, HeadFields};
 use crate::base::{BodyStatus, ClientFault, ProxyBody, ProxyError, RequestBody, empty_body_request};
 use crate::routing::CompiledApi;
 use crate::upstream::{InFlight, OwnHeads, SendError, Target, Tried};
@@ -29,9 +29,14 @@ use crate::upstream::{InFlight, OwnHeads, SendError, Target, Tried};
 /// protocol switch the API allows is asked of the upstream; a client that
 /// accepts trailers (`TE: trailers`) is announced to an HTTP/2 upstream too
 /// (gRPC servers may refuse a call without it).
+#[allow(
+    clippy::too_many_arguments,
+    reason = "each is a part of the request; a struct of them would be moved once more"
+)]
 pub(super) fn forward<'a>(
     api: &'a CompiledApi,
     request: Request<RequestBody>,
+    as_sent: Option<HeadFields<'a>>,
     raw_path: Option<PathAndQuery>,
     taken: HopByHop,
     peer: &'a Peer,
@@ -39,7 +44,7 @@ pub(super) fn forward<'a>(
     exchange: &'a mut Exchange,
 ) -> impl Future<Output = Result<Response<ProxyBody>, ProxyError>> + 'a {
     let body_status = exchange.request_body.clone();
-    match Outgoing::rewrite(api, request, raw_path, taken, peer, options, body_status) {
+    match Outgoing::rewrite(api, request, as_sent, raw_path, taken, peer, options, body_status) {
         Ok(outgoing) => Either::Left(send(api, outgoing, peer, exchange)),
         Err(error) => Either::Right(std::future::ready(Err(error))),
     }
@@ -62,14 +67,18 @@ struct Outgoing<'a> {
     /// The forwarding fields and `Host`, when the HTTP/1.1 encoder writes
     /// them (see `OwnHeads::forwarding`); `None` when `headers` holds them.
     forwarding: Option<Forwarding<'a>>,
+    /// The client's fields, when they stay as it sent them (see `HeadFields`); only with `forwarding`.
+    as_sent: Option<HeadFields<'a>>,
 }
 
 impl<'a> Outgoing<'a> {
     /// `raw_path` is the client's path as sent, for an API that forwards it
     /// instead of the canonical one (the request's own URI).
+    #[allow(clippy::too_many_arguments, reason = "as `forward`'s")]
     fn rewrite(
         api: &CompiledApi,
         mut request: Request<RequestBody>,
+        as_sent: Option<HeadFields<'a>>,
         raw_path: Option<PathAndQuery>,
         taken: HopByHop,
         peer: &'a Peer,
@@ -106,6 +115,12 @@ impl<'a> Outgoing<'a> {
             && taken.upgrade.is_none()
             && parts.uri.authority().is_none()
             && !api.upstream.picks_by_forwarding_field();
+        // The client's fields stay out of the map only as far as the
+        // encoder: not when something reads them before, the balancer or hyper.
+        let mut as_sent = as_sent;
+        if !encoder_writes || api.upstream.picks_by_request_field() {
+            inbound::into_map(&mut as_sent, &mut headers)?;
+        }
         if let Some(upgrade) = taken.upgrade {
             upgrade.write_to(&mut headers);
         }
@@ -135,6 +150,7 @@ impl<'a> Outgoing<'a> {
             client_upgrade,
             body_status,
             forwarding: encoder_writes.then_some(forwarding),
+            as_sent,
         })
     }
 
@@ -229,6 +245,7 @@ fn send<'a>(
             let upgrade = outgoing.client_upgrade.is_some();
             let own = OwnHeads {
                 forwarding: outgoing.forwarding,
+                as_sent: outgoing.as_sent,
                 // No policy may see or change the target's header fields when they stay out of the map.
                 fields_as_sent: exchange.fields_as_sent && api.policies.is_empty(),
             };

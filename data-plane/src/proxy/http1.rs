@@ -36,9 +36,9 @@ use tokio_util::io::poll_read_buf;
 use super::idle::ConnectionActivity;
 use super::log::LoggedBody;
 use super::when_woken::WhenWoken;
-use super::{Peer, Shared, client_body, handle};
+use super::{Peer, ProxyOptions, Shared, client_body, handle, inbound};
 use crate::base::forwarding::own_via;
-use crate::base::http1_wire::{self, Field};
+use crate::base::http1_wire::{self, Field, HeadFields};
 use crate::base::{BodyEncoder, BodyStatus, BoxError, RequestBody, RequestId, empty_body_request, full_body_request};
 
 /// A head still incomplete at this size goes to hyper, which reads on to
@@ -87,34 +87,40 @@ where
     };
     // Set once `ending` has resolved (see `poll_ended`): the request in flight is the last.
     let mut ended = false;
-    let body_timeout = shared.options.client_body_timeout;
     loop {
         let next = std::future::poll_fn(|cx| {
             if poll_ended(ending, &mut ended, cx) {
                 // Idle, or shutting down between requests: nothing is in flight.
                 return Poll::Ready(Next::Close);
             }
-            connection.poll_request(cx, body_timeout)
+            connection.poll_request(cx, &shared.options)
         })
         .await;
-        let (request, started, body, feed, meta) = match next {
-            Next::Request { request, started, body, feed, meta } => (request, started, body, feed, meta),
+        let (request, started, body, feed, meta, head) = match next {
+            Next::Request { request, started, body, feed, meta, head } => (request, started, body, feed, meta, head),
             Next::HandOff => return Served::HandOff(connection.hand_off()),
             Next::Close => break,
         };
-        let mut response = pin!(handle(request, body, started, shared.clone(), client.clone(), activity.begin(), true));
-        let response = std::future::poll_fn(|cx| {
-            poll_ended(ending, &mut ended, cx);
-            loop {
-                if let Poll::Ready(response) = response.as_mut().poll(cx) {
-                    return Poll::Ready(response);
+        // Lent to the request while it is handled: the next head's fields go in again after.
+        let fields = std::mem::take(&mut connection.fields);
+        let response = {
+            let as_sent = head.as_ref().map(|head| HeadFields::new(head, &fields));
+            let mut response =
+                pin!(handle(request, body, started, shared.clone(), client.clone(), activity.begin(), true, as_sent));
+            std::future::poll_fn(|cx| {
+                poll_ended(ending, &mut ended, cx);
+                loop {
+                    if let Poll::Ready(response) = response.as_mut().poll(cx) {
+                        return Poll::Ready(response);
+                    }
+                    if !connection.poll_feed(cx, feed.as_ref()) {
+                        return Poll::Pending;
+                    }
                 }
-                if !connection.poll_feed(cx, feed.as_ref()) {
-                    return Poll::Pending;
-                }
-            }
-        })
-        .await;
+            })
+            .await
+        };
+        connection.fields = fields;
         let Ok(response) = response;
         // Closed after this answer: when the client asks, on shutdown, and when
         // its body was not read to the end (the rest would be taken for the next request).
@@ -150,6 +156,10 @@ enum Next {
         /// Where the rest of its body comes from, when it has not all arrived.
         feed: Option<Arc<Mutex<Feed>>>,
         meta: Meta,
+        /// The request's head, when its fields stay there (see
+        /// `inbound::fields_stay_as_sent`): they are where the connection's
+        /// `fields` says, and not in the request's map.
+        head: Option<Bytes>,
     },
     HandOff,
     Close,
@@ -193,11 +203,11 @@ struct ClientConnection<S> {
 impl<S: AsyncRead + AsyncWrite + Unpin> ClientConnection<S> {
     /// Reads until a whole request is buffered; `Next::Close` when the
     /// client closes (or the read fails) between requests.
-    fn poll_request(&mut self, cx: &mut Context<'_>, body_timeout: Duration) -> Poll<Next> {
+    fn poll_request(&mut self, cx: &mut Context<'_>, options: &ProxyOptions) -> Poll<Next> {
         loop {
             if !self.read.is_empty() {
                 match parse_head(&self.read, &mut self.fields) {
-                    Parsed::Complete(head) => return Poll::Ready(self.take_request(head, body_timeout)),
+                    Parsed::Complete(head) => return Poll::Ready(self.take_request(head, options)),
                     Parsed::Partial if self.read.len() < MAX_HEAD => {}
                     Parsed::Partial | Parsed::Other => return Poll::Ready(Next::HandOff),
                 }
@@ -216,7 +226,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientConnection<S> {
     }
 
     /// The request of `head`, taken out of the read buffer with what has arrived of its body.
-    fn take_request(&mut self, head: Head, body_timeout: Duration) -> Next {
+    fn take_request(&mut self, head: Head, options: &ProxyOptions) -> Next {
         let started = Instant::now();
         let arrived =
             usize::try_from(head.body).map_or(self.read.len(), |body| (head.length + body).min(self.read.len()));
@@ -226,10 +236,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientConnection<S> {
             return self.put_back(bytes);
         };
         let mut headers = std::mem::take(&mut self.headers);
-        // Room for what the forward adds (`X-Forwarded-*`, `Via`) without growing the map.
-        headers.reserve(self.fields.len() + 4);
-        if http1_wire::append_fields(&mut headers, &bytes, &self.fields).is_err() {
-            return self.put_back(bytes);
+        let as_sent = inbound::fields_stay_as_sent(HeadFields::new(&bytes, &self.fields), options);
+        if !as_sent {
+            // Room for what the forward adds (`X-Forwarded-*`, `Via`) without growing the map.
+            headers.reserve(self.fields.len() + 4);
+            if http1_wire::append_fields(&mut headers, &bytes, &self.fields).is_err() {
+                return self.put_back(bytes);
+            }
         }
         let arrived = bytes.len() - head.length;
         let mut request = Request::new(());
@@ -253,10 +266,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientConnection<S> {
                 failed: false,
             }));
             let request = request.map(|()| StreamedBody { feed: feed.clone() });
-            let (request, status) = client_body::watch(request, body_timeout, started.into());
+            let (request, status) = client_body::watch(request, options.client_body_timeout, started.into());
             (request, status, Some(feed))
         };
-        Next::Request { request, started, body, feed, meta: head.meta }
+        Next::Request { request, started, body, feed, meta: head.meta, head: as_sent.then_some(bytes) }
     }
 
     /// A request found unfit only once taken out of the buffer goes back in front of it, for hyper.

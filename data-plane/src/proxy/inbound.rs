@@ -16,11 +16,13 @@ use http::{Request, Uri, Version, header};
 use sluice_proto::host::{CanonicalHost, HostError, canonical_host};
 use sluice_proto::path::canonical_path;
 
+use super::ProxyOptions;
 use super::forward::named_in_connection;
 use super::log::Exchange;
-use crate::base::http1_wire::HOP_BY_HOP;
+use crate::base::forwarding::Replaced;
+use crate::base::http1_wire::{HOP_BY_HOP, HeadFields, is_hop_by_hop, is_named};
 use crate::base::{ProxyError, RequestId};
-use crate::policy::X_CONSUMER_USERNAME;
+use crate::policy::{X_CONSUMER_USERNAME, X_CONSUMER_USERNAME_SPELLED};
 
 /// What a client's request headers may be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,6 +159,82 @@ pub(super) fn clean_headers(
     Ok(taken)
 }
 
+/// Whether a request's fields may stay as the client sent them, out of a
+/// header map, until they are written for the target (see `HeadFields`).
+/// Only when this stage and the forward would change nothing in them: the
+/// sizes within `limits`, no field this stage takes out (hop-by-hop, with
+/// names holding `_`, set by the gateway alone), none the forward joins
+/// or replaces but `Host`, no request ID (the gateway checks it), and no
+/// tracing (the span replaces `traceparent`). A `Connection` that lists
+/// only the connection's own options (`keep-alive`, `close`) names no
+/// other field: the target's encoder leaves it out. Any other request
+/// takes the map, where all of it is done.
+pub(super) fn fields_stay_as_sent(fields: HeadFields<'_>, options: &ProxyOptions) -> bool {
+    if options.tracer.is_some() {
+        return false;
+    }
+    let (limits, request_id) = (&options.headers, options.request_id_header.as_str().as_bytes());
+    let mut total = 0usize;
+    for (name, value) in fields.iter() {
+        let size = name.len() + value.len();
+        if size > limits.field as usize {
+            return false;
+        }
+        total += size + 4;
+        if !field_stays_as_sent(name, value, request_id) {
+            return false;
+        }
+    }
+    total <= limits.total as usize
+}
+
+/// Puts fields kept as sent into the request's map, for a step that reads
+/// or changes them there.
+pub(super) fn into_map(as_sent: &mut Option<HeadFields<'_>>, headers: &mut HeaderMap) -> Result<(), ProxyError> {
+    let Some(fields) = as_sent.take() else { return Ok(()) };
+    // httparse held them to the grammar the map's types check again: this
+    // does not fail, but a field it refuses is refused, never passed on.
+    fields.append_to(headers).map_err(|e| ProxyError::BadRequest(e.to_string()))
+}
+
+/// One field's part of `fields_stay_as_sent`.
+#[inline]
+fn field_stays_as_sent(name: &[u8], value: &[u8], request_id: &[u8]) -> bool {
+    if holds_underscore(name) || (name.len() == request_id.len() && name.eq_ignore_ascii_case(request_id)) {
+        return false;
+    }
+    if is_named(name, "connection") {
+        let own_option = |option: &[u8]| {
+            option.is_empty() || option.eq_ignore_ascii_case(b"keep-alive") || option.eq_ignore_ascii_case(b"close")
+        };
+        return value.split(|b| *b == b',').map(<[u8]>::trim_ascii).all(own_option);
+    }
+    // Each by length first: this runs on every field of most requests.
+    !(is_hop_by_hop(name)
+        || Replaced::of_spelled(name).is_some_and(|replaced| replaced != Replaced::Host)
+        || is_named(name, X_CONSUMER_USERNAME_SPELLED))
+}
+
+/// Whether `name` holds a `_`: eight bytes at a time (a byte at a time
+/// was most of `fields_stay_as_sent`'s cost), the last word overlapping
+/// the one before where the length is not a multiple of 8.
+fn holds_underscore(name: &[u8]) -> bool {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGH_BITS: u64 = u64::from_ne_bytes([0x80; 8]);
+    const UNDERSCORES: u64 = u64::from_ne_bytes([b'_'; 8]);
+    // A zero byte in `word ^ UNDERSCORES` is a `_` in `word` (the classic has-zero-byte test, exact as a yes or no).
+    let holds = |at: usize| {
+        name.get(at..at + 8).and_then(|word| <[u8; 8]>::try_from(word).ok()).is_some_and(|word| {
+            let x = u64::from_ne_bytes(word) ^ UNDERSCORES;
+            x.wrapping_sub(ONES) & !x & HIGH_BITS != 0
+        })
+    };
+    match name.len() {
+        0..8 => name.contains(&b'_'),
+        length => (0..length - 8).step_by(8).any(holds) || holds(length - 8),
+    }
+}
+
 /// `Some(protocol)` when the client asks to switch protocols (WebSocket).
 fn upgrade_protocol(headers: &HeaderMap) -> Option<HeaderValue> {
     let wants_upgrade = headers
@@ -255,14 +333,26 @@ pub(super) fn canonicalize_path<B>(
 /// more than one `Host`, an HTTP/1.1 request without one, and a request
 /// target (absolute-form, or HTTP/2's `:authority`) naming another host
 /// than `Host`: a front proxy and the gateway could each route by another.
-pub(super) fn request_host<B>(request: &Request<B>) -> Result<Option<CanonicalHost<'_>>, ProxyError> {
-    let mut hosts = request.headers().get_all(header::HOST).iter();
-    let header = hosts.next();
-    if hosts.next().is_some() {
+/// `as_sent`: the request's fields when they are not in its map.
+pub(super) fn request_host<'r, B>(
+    request: &'r Request<B>,
+    as_sent: Option<HeadFields<'r>>,
+) -> Result<Option<CanonicalHost<'r>>, ProxyError> {
+    let (header, repeated) = match as_sent {
+        Some(fields) => {
+            let mut hosts = fields.values("host");
+            (hosts.next(), hosts.next().is_some())
+        }
+        None => {
+            let mut hosts = request.headers().get_all(header::HOST).iter().map(HeaderValue::as_bytes);
+            (hosts.next(), hosts.next().is_some())
+        }
+    };
+    if repeated {
         return Err(HostError::Repeated.into());
     }
     let header = match header {
-        Some(value) => Some(canonical_host(value.to_str().map_err(|_| HostError::BadName)?)?),
+        Some(value) => Some(canonical_host(visible_text(value).ok_or(HostError::BadName)?)?),
         None => None,
     };
     let Some(authority) = request.uri().authority() else {
@@ -278,9 +368,16 @@ pub(super) fn request_host<B>(request: &Request<B>) -> Result<Option<CanonicalHo
     }
 }
 
+/// A field value as text, when it is visible ASCII (with spaces and tabs), as `HeaderValue::to_str` takes it.
+fn visible_text(value: &[u8]) -> Option<&str> {
+    let visible = value.iter().all(|b| *b == b'\t' || (b' '..=b'~').contains(b));
+    visible.then(|| std::str::from_utf8(value).ok()).flatten()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::base::http1_wire::fields_of;
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut map = HeaderMap::new();
@@ -295,6 +392,57 @@ mod tests {
     }
 
     const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+    #[test]
+    fn an_underscore_is_found_wherever_it_is() {
+        for length in 0..40 {
+            assert!(!holds_underscore(&"x-a~^`|".repeat(6).as_bytes()[..length]), "{length}");
+            for at in 0..length {
+                let mut name = vec![b'a'; length];
+                name[at] = b'_';
+                assert!(holds_underscore(&name), "{length} {at}");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn fields_stay_as_sent_only_where_nothing_in_them_changes_before_the_encoder() {
+        let options = ProxyOptions::default();
+        let stays = |lines: &str| {
+            let (head, fields) = fields_of(&format!("Host: a.example\r\n{lines}\r\n"));
+            fields_stay_as_sent(HeadFields::new(&head, &fields), &options)
+        };
+        for kept in ["", "Accept: */*\r\nContent-Length: 3\r\n", "Connection: keep-alive\r\n", "connection: Close\r\n"]
+        {
+            assert!(stays(kept), "{kept:?}");
+        }
+        for taken in [
+            "Connection: keep-alive, x-secret\r\n",
+            "Keep-Alive: timeout=5\r\n",
+            "Proxy-Authorization: Basic eDp5\r\n",
+            "X-Consumer-Username: admin\r\n",
+            "X_Consumer_Username: admin\r\n",
+            "X-Forwarded-For: 1.2.3.4\r\n",
+            "x-forwarded-proto: https\r\n",
+            "X-Forwarded-Host: evil.example\r\n",
+            "Via: 1.1 edge\r\n",
+            "X-Request-Id: abc\r\n",
+        ] {
+            assert!(!stays(taken), "{taken:?}");
+        }
+        let long = format!("X-Long: {}\r\n", "a".repeat(DEFAULT_HEADER_LIMITS.field as usize));
+        assert!(!stays(&long));
+        let settings = crate::trace::TraceSettings {
+            endpoint: "http://127.0.0.1:4317".into(),
+            sampling_ratio: 1.0,
+            service_name: "test".into(),
+            node_id: "test".into(),
+        };
+        let (tracer, _exporter) = crate::trace::Tracer::new(settings).unwrap();
+        let traced = ProxyOptions { tracer: Some(tracer), ..ProxyOptions::default() };
+        let (head, fields) = fields_of("Host: a.example\r\n\r\n");
+        assert!(!fields_stay_as_sent(HeadFields::new(&head, &fields), &traced));
+    }
 
     #[test]
     fn request_id_is_the_clients_when_well_formed() {
@@ -451,12 +599,18 @@ mod tests {
         ];
         for (version, uri, hosts, want) in cases {
             let request = request(*version, uri, hosts);
-            let got = match request_host(&request) {
-                Ok(host) => Ok(host.map(|h| h.name.into_owned())),
-                Err(ProxyError::InvalidHost(e)) => Err(e),
-                Err(other) => panic!("{uri} {hosts:?}: {other}"),
-            };
-            assert_eq!(got, want.map(|h| h.map(str::to_owned)), "{version:?} {uri} {hosts:?}");
+            // The same, from the map and from the fields kept as sent.
+            let lines: String = hosts.iter().map(|host| format!("Host: {host}\r\n")).chain(["\r\n".into()]).collect();
+            let (head, fields) = fields_of(&lines);
+            let without_map = Request::builder().version(*version).uri(*uri).body(()).unwrap();
+            for (request, as_sent) in [(&request, None), (&without_map, Some(HeadFields::new(&head, &fields)))] {
+                let got = match request_host(request, as_sent) {
+                    Ok(host) => Ok(host.map(|h| h.name.into_owned())),
+                    Err(ProxyError::InvalidHost(e)) => Err(e),
+                    Err(other) => panic!("{uri} {hosts:?}: {other}"),
+                };
+                assert_eq!(got, want.map(|h| h.map(str::to_owned)), "{version:?} {uri} {hosts:?} {as_sent:?}");
+            }
         }
     }
 }

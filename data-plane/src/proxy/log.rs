@@ -198,8 +198,8 @@ fn http_version(version: Version) -> &'static str {
 const USER_AGENT_LOGGED: usize = 256;
 
 /// The client's `User-Agent`, as much as is logged.
-pub(super) fn user_agent(value: &http::HeaderValue) -> Box<str> {
-    let text = String::from_utf8_lossy(value.as_bytes());
+pub(super) fn user_agent(value: &[u8]) -> Box<str> {
+    let text = String::from_utf8_lossy(value);
     let mut end = text.len().min(USER_AGENT_LOGGED);
     while !text.is_char_boundary(end) {
         end -= 1;

@@ -87,6 +87,11 @@ impl Balancer {
         }
     }
 
+    /// Whether a pick reads the request's header fields (a header or a cookie).
+    pub fn reads_request_fields(&self) -> bool {
+        matches!(self, Balancer::ConsistentHash { on: HashOn::Header(_) | HashOn::Cookie(_), .. })
+    }
+
     /// Returns the index of the chosen target, or `None` when none is
     /// available. A `retry` takes no turn of a round robin (see `UpstreamPool::pick`).
     pub fn pick(&self, targets: &impl Candidates, ctx: &PickContext<'_>, retry: bool) -> Option<usize> {

@@ -31,7 +31,7 @@ use tokio_util::io::poll_read_buf;
 
 use super::Target;
 use crate::base::forwarding::{Forwarding, Prior, Replaced};
-use crate::base::http1_wire::{self, Field};
+use crate::base::http1_wire::{self, Field, HeadFields, is_named};
 use crate::base::{BodyEncoder, BodyError, BoxError, RequestBody};
 
 /// The most a response head may take, status line and headers together.
@@ -174,7 +174,8 @@ impl Connection {
         }
         let (parts, body) = request.into_parts();
         let forwarding = own.forwarding.map(|forwarding| (forwarding, &home.host_header));
-        let outgoing = encode_head(&mut self.write, &parts.method, &parts.uri, &parts.headers, forwarding, &body);
+        let outgoing =
+            encode_head(&mut self.write, &parts.method, &parts.uri, &parts.headers, forwarding, own.as_sent, &body);
         let head_request = parts.method == Method::HEAD;
         let body = (!matches!(outgoing, BodyEncoder::Done)).then_some(body);
         let mut sending = Sending { body, framing: outgoing, write_failed: None };
@@ -347,6 +348,9 @@ pub struct OwnHeads<'a> {
     /// here: the request's map holds the client's fields as they came, the
     /// ones these replace included (see `base::forwarding`).
     pub forwarding: Option<Forwarding<'a>>,
+    /// The request's fields as the client sent them, written after those
+    /// of its map (see `HeadFields`); only with `forwarding`.
+    pub as_sent: Option<HeadFields<'a>>,
     /// The response's fields may stay as the target sent them, out of its
     /// map (see `ResponseBody::fields_as_sent`).
     pub fields_as_sent: bool,
@@ -372,6 +376,7 @@ fn encode_head(
     uri: &http::Uri,
     headers: &HeaderMap,
     forwarding: Option<(Forwarding<'_>, &HeaderValue)>,
+    as_sent: Option<HeadFields<'_>>,
     body: &RequestBody,
 ) -> BodyEncoder {
     out.extend_from_slice(method.as_str().as_bytes());
@@ -380,7 +385,11 @@ fn encode_head(
     out.extend_from_slice(b" HTTP/1.1\r\n");
     // `Host` first, as a client writes it (RFC 9112 §3.2).
     if let Some((forwarding, target_host)) = forwarding {
-        http1_wire::write_field(out, &header::HOST, forwarding.host(headers, target_host));
+        let client_host = match as_sent {
+            Some(fields) => fields.values("host").next(),
+            None => headers.get(header::HOST).map(HeaderValue::as_bytes),
+        };
+        http1_wire::write_line(out, header::HOST.as_str().as_bytes(), forwarding.host(client_host, target_host));
     }
     let mut declared = None;
     let mut prior = Prior::default();
@@ -395,10 +404,22 @@ fn encode_head(
         if forwarding.is_some()
             && let Some(replaced) = Replaced::of(name)
         {
-            prior.note(replaced, value);
+            prior.note(replaced, value.as_bytes());
             continue;
         }
         http1_wire::write_field(out, name, value);
+    }
+    // Held to `proxy::inbound::fields_stay_as_sent`: of the fields this
+    // leg replaces, only `Host` (written above), `Content-Length` and a
+    // `Connection` of the client's own connection options may be among them.
+    for (name, value) in as_sent.iter().flat_map(|fields| fields.iter()) {
+        if is_named(name, "content-length") {
+            declared = http1_wire::content_length(value);
+        } else if is_named(name, "host") {
+            prior.note(Replaced::Host, value);
+        } else if !is_named(name, "connection") {
+            http1_wire::write_line(out, name, value);
+        }
     }
     if let Some((forwarding, _)) = forwarding {
         forwarding.write_lines(out, headers, &prior);
@@ -836,7 +857,7 @@ mod tests {
                 request.headers_mut().append(HeaderName::from_static(name), HeaderValue::from_static(value));
             }
             let forwarding = Forwarding { client: &client, scheme: "http", via: "1.1 sluice", preserve_host };
-            let own = OwnHeads { forwarding: Some(forwarding), fields_as_sent: false };
+            let own = OwnHeads { forwarding: Some(forwarding), as_sent: None, fields_as_sent: false };
             let exchange = connection.exchange(request, target.clone(), later(), own);
             let (sent, _) = tokio::join!(read_until(&mut far, b"\r\n\r\n"), async {
                 // The exchange waits for an answer that never comes; the head is what is looked at.
@@ -847,6 +868,36 @@ mod tests {
                 "GET /p HTTP/1.1\r\nhost: {host}\r\naccept: */*\r\nx-forwarded-port: 1\r\n\
                  x-forwarded-for: 1.2.3.4, 5.6.7.8, 10.0.0.9\r\nx-forwarded-proto: http\r\n\
                  x-forwarded-host: shop.example\r\nvia: 1.0 edge, 1.1 sluice\r\n\r\n"
+            );
+            assert_eq!(String::from_utf8_lossy(&sent), want, "preserve_host {preserve_host}");
+        }
+    }
+
+    #[tokio::test]
+    async fn fields_kept_as_sent_go_out_after_the_maps_less_what_this_leg_replaces() {
+        let client = HeaderValue::from_static("10.0.0.9");
+        let (head, fields) = http1_wire::fields_of(
+            "Host: Shop.example\r\nAccept: */*\r\nConnection: keep-alive\r\nContent-Length: 3\r\nX-Custom:  a b \r\n\r\n",
+        );
+        for (preserve_host, host) in [(false, None), (true, Some("Shop.example"))] {
+            let (connection, mut far, target, _pool) = loopback().await;
+            let mut request = Request::new(crate::base::full_body_request(Bytes::from_static(b"abc")));
+            *request.method_mut() = Method::POST;
+            *request.uri_mut() = http::Uri::from_static("/p");
+            // What the gateway put in the map: a request ID.
+            request.headers_mut().insert("x-request-id", HeaderValue::from_static("id-1"));
+            let forwarding = Forwarding { client: &client, scheme: "http", via: "1.1 sluice", preserve_host };
+            let as_sent = Some(HeadFields::new(&head, &fields));
+            let own = OwnHeads { forwarding: Some(forwarding), as_sent, fields_as_sent: false };
+            let exchange = connection.exchange(request, target.clone(), later(), own);
+            let (sent, _) = tokio::join!(read_until(&mut far, b"\r\n\r\nabc"), async {
+                tokio::time::timeout(Duration::from_millis(200), exchange).await.ok();
+            });
+            let host = host.map_or_else(|| target.host_header.to_str().unwrap().to_owned(), str::to_owned);
+            let want = format!(
+                "POST /p HTTP/1.1\r\nhost: {host}\r\nx-request-id: id-1\r\nAccept: */*\r\nX-Custom: a b\r\n\
+                 x-forwarded-for: 10.0.0.9\r\nx-forwarded-proto: http\r\nx-forwarded-host: Shop.example\r\n\
+                 via: 1.1 sluice\r\ncontent-length: 3\r\n\r\nabc"
             );
             assert_eq!(String::from_utf8_lossy(&sent), want, "preserve_host {preserve_host}");
         }

@@ -814,3 +814,86 @@ async fn forwarding_fields_reach_the_target_alike_from_the_writer_and_from_the_m
     assert_eq!(seen("/no-host"), no_host);
     Ok(())
 }
+
+/// A request for an API without policies keeps its fields out of any header
+/// map, as the client sent them, up to the target's writer; one in absolute
+/// form goes through the map. Both must reach the target alike, and a field
+/// the gateway takes out or replaces must send the request the map's way.
+#[tokio::test]
+async fn fields_kept_as_sent_reach_the_target_as_those_through_the_map() -> Result<()> {
+    let edge = RawEdge::start(echo_reply).await?;
+    let target_host = edge.upstream.url().trim_start_matches("http://").to_owned();
+    let fields = "Host: shop.example\r\nAccept: */*\r\nConnection: keep-alive\r\nUser-Agent: t/1\r\n\
+                  Content-Type: text/plain\r\nX-Spaced:   a  b \t\r\nX-Twice: 1\r\nX-Twice: 2\r\nContent-Length: 5\r\n";
+    let mut connection = RawConnection::open(edge.addr()).await?;
+    for target in ["/as-sent", "http://shop.example/map"] {
+        connection.send(format!("POST {target} HTTP/1.1\r\n{fields}\r\nhello").as_bytes()).await?;
+        assert_eq!(connection.response("POST").await?.status, 200, "{target}");
+    }
+    // Each field below is taken out or replaced before the target: the request goes the map's way.
+    let taken = [
+        "Connection: keep-alive, X-Secret\r\nX-Secret: 1\r\n",
+        "Keep-Alive: timeout=5\r\n",
+        "Proxy-Authorization: Basic eDp5\r\n",
+        "X-Consumer-Username: admin\r\n",
+        "X_Consumer_Username: admin\r\n",
+        "X-Forwarded-Proto: https\r\n",
+    ];
+    for (i, field) in taken.iter().enumerate() {
+        connection.send(format!("GET /taken/{i} HTTP/1.1\r\nHost: shop.example\r\n{field}\r\n").as_bytes()).await?;
+        assert_eq!(connection.response("GET").await?.status, 200, "{field}");
+    }
+    let requests = edge.wait_requests(2 + taken.len()).await?;
+    let seen = |path: &str| {
+        let request = requests.iter().find(|r| r.path() == path).expect("forwarded");
+        let fields: Vec<_> = request.headers.iter().filter(|(name, _)| name != "x-request-id").cloned().collect();
+        (fields, String::from_utf8_lossy(&request.body).into_owned())
+    };
+    let (as_sent, body) = seen("/as-sent");
+    assert_eq!(body, "hello");
+    let mut sorted = as_sent.clone();
+    sorted.sort();
+    let mut want: Vec<(String, String)> = [
+        ("accept", "*/*"),
+        ("content-length", "5"),
+        ("content-type", "text/plain"),
+        ("host", target_host.as_str()),
+        ("user-agent", "t/1"),
+        ("via", "1.1 sluice"),
+        ("x-forwarded-for", "127.0.0.1"),
+        ("x-forwarded-host", "shop.example"),
+        ("x-forwarded-proto", "http"),
+        ("x-spaced", "a  b"),
+        ("x-twice", "1"),
+        ("x-twice", "2"),
+    ]
+    .iter()
+    .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+    .collect();
+    want.sort();
+    assert_eq!(sorted, want);
+    // Repeated fields keep their order.
+    let twice: Vec<_> = as_sent.iter().filter(|(name, _)| name == "x-twice").map(|(_, v)| v.as_str()).collect();
+    assert_eq!(twice, ["1", "2"]);
+    let (mut through_map, body) = seen("/map");
+    through_map.sort();
+    assert_eq!((through_map, body.as_str()), (want, "hello"));
+    for (i, field) in taken.iter().enumerate() {
+        let (fields, _) = seen(&format!("/taken/{i}"));
+        let names: Vec<&str> = fields.iter().map(|(name, _)| name.as_str()).collect();
+        for gone in [
+            "connection",
+            "x-secret",
+            "keep-alive",
+            "proxy-authorization",
+            "x-consumer-username",
+            "x_consumer_username",
+        ] {
+            assert!(!names.contains(&gone), "{field}: {names:?}");
+        }
+        let proto: Vec<_> =
+            fields.iter().filter(|(name, _)| name == "x-forwarded-proto").map(|(_, v)| v.as_str()).collect();
+        assert_eq!(proto, ["http"], "{field}");
+    }
+    Ok(())
+}

@@ -2,7 +2,7 @@
 //! `gateway` fed with hand-built snapshots, and tiny echo upstreams that can
 //! be killed and restarted on the same port.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -222,6 +222,43 @@ async fn routes_by_host_path_and_method_with_problem_details() -> Result<()> {
         assert_eq!(status, 404, "{path}");
         assert_eq!(headers["content-type"], "application/problem+json");
         assert_eq!(body["title"], "No route matches the request");
+    }
+    proxy.shutdown().await
+}
+
+/// A pick by a header or a cookie reads the client's field, also for a
+/// request whose fields otherwise stay out of the header map until the
+/// target's writer (an API without policies).
+#[tokio::test]
+async fn a_consistent_hash_on_a_header_or_cookie_keeps_each_client_on_one_target() -> Result<()> {
+    let (a, b, c_up) = (Upstream::start("a").await?, Upstream::start("b").await?, Upstream::start("c").await?);
+    let hashed = |name: &str, source: v1::HashSource, on: &str| {
+        let mut pool = upstream(name, &[&a, &b, &c_up]);
+        pool.set_balance(v1::Balance::ConsistentHash);
+        pool.hash_on = Some(v1::HashOn { source: source as i32, name: on.into() });
+        pool
+    };
+    let pools = vec![
+        hashed("by-header", v1::HashSource::Header, "x-user"),
+        hashed("by-cookie", v1::HashSource::Cookie, "session"),
+    ];
+    let s = snapshot(1, vec![api("header", "/header", "by-header"), api("cookie", "/cookie", "by-cookie")], pools);
+    let proxy = Gateway::start(&s).await?;
+    let c = client();
+    for (path, field) in [("/header", "x-user"), ("/cookie", "cookie")] {
+        let mut seen: HashMap<String, HashSet<String>> = HashMap::new();
+        for user in 0..8 {
+            let value =
+                if field == "cookie" { format!("theme=dark; session=user{user}") } else { format!("user{user}") };
+            for _ in 0..4 {
+                let (status, _, body) = send(c.get(proxy.url(path)).header(field, &value)).await?;
+                assert_eq!(status, 200);
+                seen.entry(value.clone()).or_default().insert(body["upstream"].as_str().unwrap_or("?").to_owned());
+            }
+        }
+        for (value, targets) in &seen {
+            assert_eq!(targets.len(), 1, "{path} {value}: {targets:?}");
+        }
     }
     proxy.shutdown().await
 }
