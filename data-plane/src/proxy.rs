@@ -36,7 +36,7 @@ pub use log::LoggedBody;
 pub use tls_server::{TlsSetupError, tls_server_config};
 
 use crate::base::http1_wire::HeadFields;
-use crate::base::{BodyStatus, Origin, ProxyBody, ProxyError, RequestBody};
+use crate::base::{BodyStatus, Origin, ProxyBody, ProxyError, RequestBody, RequestId};
 use crate::policy::RequestContext;
 use crate::routing::{CompiledApi, RouteMiss, RoutingTable, TableStore};
 use crate::trace::Tracer;
@@ -237,8 +237,18 @@ fn handle(
     async move {
         // First, so that every answer, even one refused before routing,
         // carries the ID. Fields kept as sent hold none (see
-        // `inbound::fields_stay_as_sent`): the new one goes in the map.
-        let (request_id, echo) = inbound::request_id(request.headers_mut(), &shared.options.request_id_header);
+        // `inbound::fields_stay_as_sent`): a new one goes with them, and
+        // is made a header value only for a response that needs one.
+        let id_field = &shared.options.request_id_header;
+        let (request_id, mut echo) = match as_sent {
+            Some(_) => (RequestId::make(), None),
+            None => {
+                let (id, echo) = inbound::request_id(request.headers_mut(), id_field);
+                (id, Some(echo))
+            }
+        };
+        let id_text = request_id;
+        let as_sent = as_sent.map(|fields| fields.adding(id_field, id_text.as_str()));
         // Before anything can refuse the request: a refusal is traced too.
         // The span's `traceparent` replaces the client's here, so the
         // upstream receives it with the other headers.
@@ -274,7 +284,8 @@ fn handle(
             table: None,
             trace,
         };
-        let mut response = match route_and_forward(request, as_sent, &shared, &peer, &mut exchange).await {
+        let routed = route_and_forward(request, as_sent, &mut echo, &shared, &peer, &mut exchange).await;
+        let mut response = match routed {
             Ok(response) => response,
             Err(error) => {
                 let request_id = exchange.request_id.as_str();
@@ -292,7 +303,8 @@ fn handle(
         // the one in the logs. A target's fields kept as sent get it from the
         // client's writer, after them.
         if response.body().fields_as_sent().is_none() {
-            response.headers_mut().insert(&shared.options.request_id_header, echo);
+            let echo = echo.unwrap_or_else(|| exchange.request_id.to_header());
+            response.headers_mut().insert(id_field, echo);
         }
         exchange.status = response.status();
         // gRPC runs over HTTP/2 only: an HTTP/1.1 response is not looked into.
@@ -307,6 +319,7 @@ fn handle(
 fn route_and_forward<'a>(
     mut request: Request<RequestBody>,
     mut as_sent: Option<HeadFields<'a>>,
+    id_value: &'a mut Option<HeaderValue>,
     shared: &'a Shared,
     peer: &'a Peer,
     exchange: &'a mut Exchange,
@@ -370,7 +383,7 @@ fn route_and_forward<'a>(
             return forward::forward(api, request, as_sent, raw_path, taken, peer, options, exchange).await;
         }
         // The policies read and change the request's fields in its map.
-        inbound::into_map(&mut as_sent, request.headers_mut())?;
+        inbound::into_map(&mut as_sent, request.headers_mut(), &exchange.request_id, id_value)?;
         let body = exchange.request_body.clone();
         let (path, request_id) = (exchange.path.clone(), exchange.request_id);
         let context =

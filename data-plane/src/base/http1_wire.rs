@@ -60,12 +60,25 @@ pub struct Field {
 pub struct HeadFields<'f> {
     head: &'f Bytes,
     fields: &'f [Field],
+    /// A field the gateway adds after them (the request ID), kept as text
+    /// until it is written: a header value of it would be an allocation.
+    added: Option<(&'f HeaderName, &'f str)>,
 }
 
 impl<'f> HeadFields<'f> {
     /// The fields `fields` says lie in `head`.
     pub fn new(head: &'f Bytes, fields: &'f [Field]) -> Self {
-        HeadFields { head, fields }
+        HeadFields { head, fields, added: None }
+    }
+
+    /// The same fields, and after them `name: value`, a field the gateway adds.
+    pub fn adding(self, name: &'f HeaderName, value: &'f str) -> Self {
+        HeadFields { added: Some((name, value)), ..self }
+    }
+
+    /// The field the gateway adds, if any (see `adding`).
+    pub fn added(self) -> Option<(&'f HeaderName, &'f str)> {
+        self.added
     }
 
     /// Each field's name (as spelled) and value, in order.
@@ -79,7 +92,8 @@ impl<'f> HeadFields<'f> {
         self.iter().filter(move |(spelled, _)| is_named(spelled, name)).map(|(_, value)| value)
     }
 
-    /// Appends the fields to `headers`, as a request that needs its map has them.
+    /// Appends the client's fields to `headers` (not the one the gateway
+    /// adds, whose value the caller may hold already).
     pub fn append_to(self, headers: &mut HeaderMap) -> Result<(), InvalidField> {
         append_fields(headers, self.head, self.fields)
     }

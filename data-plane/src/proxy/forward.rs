@@ -43,8 +43,7 @@ pub(super) fn forward<'a>(
     options: &'a ProxyOptions,
     exchange: &'a mut Exchange,
 ) -> impl Future<Output = Result<Response<ProxyBody>, ProxyError>> + 'a {
-    let body_status = exchange.request_body.clone();
-    match Outgoing::rewrite(api, request, as_sent, raw_path, taken, peer, options, body_status) {
+    match Outgoing::rewrite(api, request, as_sent, raw_path, taken, peer, options, exchange) {
         Ok(outgoing) => Either::Left(send(api, outgoing, peer, exchange)),
         Err(error) => Either::Right(std::future::ready(Err(error))),
     }
@@ -83,7 +82,7 @@ impl<'a> Outgoing<'a> {
         taken: HopByHop,
         peer: &'a Peer,
         options: &ProxyOptions,
-        body_status: Option<BodyStatus>,
+        exchange: &Exchange,
     ) -> Result<Self, ProxyError> {
         // Must be taken before the request is consumed.
         let client_upgrade = taken.upgrade.is_some().then(|| hyper::upgrade::on(&mut request));
@@ -119,7 +118,7 @@ impl<'a> Outgoing<'a> {
         // encoder: not when something reads them before, the balancer or hyper.
         let mut as_sent = as_sent;
         if !encoder_writes || api.upstream.picks_by_request_field() {
-            inbound::into_map(&mut as_sent, &mut headers)?;
+            inbound::into_map(&mut as_sent, &mut headers, &exchange.request_id, &mut None)?;
         }
         if let Some(upgrade) = taken.upgrade {
             upgrade.write_to(&mut headers);
@@ -148,7 +147,7 @@ impl<'a> Outgoing<'a> {
             replayable: body.is_end_stream(),
             body: Some(body),
             client_upgrade,
-            body_status,
+            body_status: exchange.request_body.clone(),
             forwarding: encoder_writes.then_some(forwarding),
             as_sent,
         })

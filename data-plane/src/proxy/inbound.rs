@@ -189,12 +189,22 @@ pub(super) fn fields_stay_as_sent(fields: HeadFields<'_>, options: &ProxyOptions
 }
 
 /// Puts fields kept as sent into the request's map, for a step that reads
-/// or changes them there.
-pub(super) fn into_map(as_sent: &mut Option<HeadFields<'_>>, headers: &mut HeaderMap) -> Result<(), ProxyError> {
+/// or changes them there, with the request ID `id` the gateway adds:
+/// `id_value` holds its header value once made (the response's takes it too).
+pub(super) fn into_map(
+    as_sent: &mut Option<HeadFields<'_>>,
+    headers: &mut HeaderMap,
+    id: &RequestId,
+    id_value: &mut Option<HeaderValue>,
+) -> Result<(), ProxyError> {
     let Some(fields) = as_sent.take() else { return Ok(()) };
     // httparse held them to the grammar the map's types check again: this
     // does not fail, but a field it refuses is refused, never passed on.
-    fields.append_to(headers).map_err(|e| ProxyError::BadRequest(e.to_string()))
+    fields.append_to(headers).map_err(|e| ProxyError::BadRequest(e.to_string()))?;
+    if let Some((name, _)) = fields.added() {
+        headers.insert(name, id_value.get_or_insert_with(|| id.to_header()).clone());
+    }
+    Ok(())
 }
 
 /// One field's part of `fields_stay_as_sent`.

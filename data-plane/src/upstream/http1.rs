@@ -421,6 +421,9 @@ fn encode_head(
             http1_wire::write_line(out, name, value);
         }
     }
+    if let Some((name, value)) = as_sent.and_then(HeadFields::added) {
+        http1_wire::write_line(out, name.as_str().as_bytes(), value.as_bytes());
+    }
     if let Some((forwarding, _)) = forwarding {
         forwarding.write_lines(out, headers, &prior);
     }
@@ -874,7 +877,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn fields_kept_as_sent_go_out_after_the_maps_less_what_this_leg_replaces() {
+    async fn fields_kept_as_sent_go_out_less_what_this_leg_replaces_with_the_gateways_request_id() {
         let client = HeaderValue::from_static("10.0.0.9");
         let (head, fields) = http1_wire::fields_of(
             "Host: Shop.example\r\nAccept: */*\r\nConnection: keep-alive\r\nContent-Length: 3\r\nX-Custom:  a b \r\n\r\n",
@@ -884,10 +887,10 @@ mod tests {
             let mut request = Request::new(crate::base::full_body_request(Bytes::from_static(b"abc")));
             *request.method_mut() = Method::POST;
             *request.uri_mut() = http::Uri::from_static("/p");
-            // What the gateway put in the map: a request ID.
-            request.headers_mut().insert("x-request-id", HeaderValue::from_static("id-1"));
+            // What the gateway adds: a request ID.
             let forwarding = Forwarding { client: &client, scheme: "http", via: "1.1 sluice", preserve_host };
-            let as_sent = Some(HeadFields::new(&head, &fields));
+            let id_field = HeaderName::from_static("x-request-id");
+            let as_sent = Some(HeadFields::new(&head, &fields).adding(&id_field, "id-1"));
             let own = OwnHeads { forwarding: Some(forwarding), as_sent, fields_as_sent: false };
             let exchange = connection.exchange(request, target.clone(), later(), own);
             let (sent, _) = tokio::join!(read_until(&mut far, b"\r\n\r\nabc"), async {
@@ -895,7 +898,7 @@ mod tests {
             });
             let host = host.map_or_else(|| target.host_header.to_str().unwrap().to_owned(), str::to_owned);
             let want = format!(
-                "POST /p HTTP/1.1\r\nhost: {host}\r\nx-request-id: id-1\r\nAccept: */*\r\nX-Custom: a b\r\n\
+                "POST /p HTTP/1.1\r\nhost: {host}\r\nAccept: */*\r\nX-Custom: a b\r\nx-request-id: id-1\r\n\
                  x-forwarded-for: 10.0.0.9\r\nx-forwarded-proto: http\r\nx-forwarded-host: Shop.example\r\n\
                  via: 1.1 sluice\r\ncontent-length: 3\r\n\r\nabc"
             );

@@ -826,9 +826,13 @@ async fn fields_kept_as_sent_reach_the_target_as_those_through_the_map() -> Resu
     let fields = "Host: shop.example\r\nAccept: */*\r\nConnection: keep-alive\r\nUser-Agent: t/1\r\n\
                   Content-Type: text/plain\r\nX-Spaced:   a  b \t\r\nX-Twice: 1\r\nX-Twice: 2\r\nContent-Length: 5\r\n";
     let mut connection = RawConnection::open(edge.addr()).await?;
+    let mut answered_ids = Vec::new();
     for target in ["/as-sent", "http://shop.example/map"] {
         connection.send(format!("POST {target} HTTP/1.1\r\n{fields}\r\nhello").as_bytes()).await?;
-        assert_eq!(connection.response("POST").await?.status, 200, "{target}");
+        let response = connection.response("POST").await?;
+        assert_eq!(response.status, 200, "{target}");
+        let id = response.headers.iter().find(|(name, _)| name == "x-request-id").map(|(_, value)| value.clone());
+        answered_ids.push(id.expect("a request ID in the response"));
     }
     // Each field below is taken out or replaced before the target: the request goes the map's way.
     let taken = [
@@ -849,6 +853,12 @@ async fn fields_kept_as_sent_reach_the_target_as_those_through_the_map() -> Resu
         let fields: Vec<_> = request.headers.iter().filter(|(name, _)| name != "x-request-id").cloned().collect();
         (fields, String::from_utf8_lossy(&request.body).into_owned())
     };
+    // One request ID each, the gateway's, which the client was answered with.
+    for (path, answered) in ["/as-sent", "/map"].iter().zip(&answered_ids) {
+        let request = requests.iter().find(|r| r.path() == *path).expect("forwarded");
+        let ids: Vec<_> = request.headers.iter().filter(|(name, _)| name == "x-request-id").map(|(_, v)| v).collect();
+        assert_eq!(ids, [answered], "{path}");
+    }
     let (as_sent, body) = seen("/as-sent");
     assert_eq!(body, "hello");
     let mut sorted = as_sent.clone();
