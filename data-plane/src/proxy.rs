@@ -248,7 +248,8 @@ fn handle(
             }
         };
         let id_text = request_id;
-        let as_sent = as_sent.map(|fields| fields.adding(id_field, id_text.as_str()));
+        // Its bytes, not `as_str`, which checks them again as UTF-8.
+        let as_sent = as_sent.map(|fields| fields.adding(id_field, id_text.as_ref()));
         // Before anything can refuse the request: a refusal is traced too.
         // The span's `traceparent` replaces the client's here, so the
         // upstream receives it with the other headers.

@@ -60,9 +60,9 @@ pub struct Field {
 pub struct HeadFields<'f> {
     head: &'f Bytes,
     fields: &'f [Field],
-    /// A field the gateway adds after them (the request ID), kept as text
+    /// A field the gateway adds after them (the request ID), kept as bytes
     /// until it is written: a header value of it would be an allocation.
-    added: Option<(&'f HeaderName, &'f str)>,
+    added: Option<(&'f HeaderName, &'f [u8])>,
 }
 
 impl<'f> HeadFields<'f> {
@@ -72,12 +72,12 @@ impl<'f> HeadFields<'f> {
     }
 
     /// The same fields, and after them `name: value`, a field the gateway adds.
-    pub fn adding(self, name: &'f HeaderName, value: &'f str) -> Self {
+    pub fn adding(self, name: &'f HeaderName, value: &'f [u8]) -> Self {
         HeadFields { added: Some((name, value)), ..self }
     }
 
     /// The field the gateway adds, if any (see `adding`).
-    pub fn added(self) -> Option<(&'f HeaderName, &'f str)> {
+    pub fn added(self) -> Option<(&'f HeaderName, &'f [u8])> {
         self.added
     }
 

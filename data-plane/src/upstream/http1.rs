@@ -422,7 +422,7 @@ fn encode_head(
         }
     }
     if let Some((name, value)) = as_sent.and_then(HeadFields::added) {
-        http1_wire::write_line(out, name.as_str().as_bytes(), value.as_bytes());
+        http1_wire::write_line(out, name.as_str().as_bytes(), value);
     }
     if let Some((forwarding, _)) = forwarding {
         forwarding.write_lines(out, headers, &prior);
@@ -890,7 +890,7 @@ mod tests {
             // What the gateway adds: a request ID.
             let forwarding = Forwarding { client: &client, scheme: "http", via: "1.1 sluice", preserve_host };
             let id_field = HeaderName::from_static("x-request-id");
-            let as_sent = Some(HeadFields::new(&head, &fields).adding(&id_field, "id-1"));
+            let as_sent = Some(HeadFields::new(&head, &fields).adding(&id_field, b"id-1"));
             let own = OwnHeads { forwarding: Some(forwarding), as_sent, fields_as_sent: false };
             let exchange = connection.exchange(request, target.clone(), later(), own);
             let (sent, _) = tokio::join!(read_until(&mut far, b"\r\n\r\nabc"), async {
