@@ -76,9 +76,7 @@ impl Replaced {
         };
         (spelled == its_name.as_str()).then_some(replaced)
     }
-}
 
-impl Replaced {
     /// Which forwarding field a field spelled `name` on the wire (in any
     /// case) is, if any. Compared with the names as text: a constant
     /// `HeaderName` of a custom name is built and dropped at each use.

@@ -77,7 +77,7 @@ impl<'a> Outgoing<'a> {
     fn rewrite(
         api: &CompiledApi,
         mut request: Request<RequestBody>,
-        as_sent: Option<HeadFields<'a>>,
+        mut as_sent: Option<HeadFields<'a>>,
         raw_path: Option<PathAndQuery>,
         taken: HopByHop,
         peer: &'a Peer,
@@ -116,7 +116,6 @@ impl<'a> Outgoing<'a> {
             && !api.upstream.picks_by_forwarding_field();
         // The client's fields stay out of the map only as far as the
         // encoder: not when something reads them before, the balancer or hyper.
-        let mut as_sent = as_sent;
         if !encoder_writes || api.upstream.picks_by_request_field() {
             inbound::into_map(&mut as_sent, &mut headers, &exchange.request_id, &mut None)?;
         }

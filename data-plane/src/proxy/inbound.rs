@@ -44,6 +44,13 @@ impl HeaderLimits {
     pub(super) fn read_buffer(&self) -> usize {
         (self.total as usize).saturating_add(8 * 1024)
     }
+
+    /// What the field `name: value` (their lengths) counts against `total`:
+    /// its line, with 4 bytes of framing; `None` when it is over `field`.
+    fn counted(&self, name: usize, value: usize) -> Option<usize> {
+        let size = name + value;
+        (size <= self.field as usize).then_some(size + 4)
+    }
 }
 
 /// Never removed because a client named them in `Connection`: hyper framed
@@ -112,14 +119,12 @@ pub(super) fn clean_headers(
 ) -> Result<HopByHop, ProxyError> {
     let (mut total, mut hop_by_hop, mut underscores, mut gateway_set) = (0usize, false, false, false);
     for (name, value) in headers.iter() {
-        let spelled = name.as_str();
-        let size = spelled.len() + value.len();
-        if size > limits.field as usize {
-            return Err(ProxyError::HeadersTooLarge { limit: limits.field, what: "one request header" });
-        }
-        total += size + 4;
+        let spelled = name.as_str().as_bytes();
+        total += limits
+            .counted(spelled.len(), value.len())
+            .ok_or(ProxyError::HeadersTooLarge { limit: limits.field, what: "one request header" })?;
         hop_by_hop |= HOP_BY_HOP.contains(name) || name == header::UPGRADE;
-        underscores |= spelled.as_bytes().contains(&b'_');
+        underscores |= holds_underscore(spelled);
         gateway_set |= name == X_CONSUMER_USERNAME;
     }
     if total > limits.total as usize {
@@ -176,11 +181,8 @@ pub(super) fn fields_stay_as_sent(fields: HeadFields<'_>, options: &ProxyOptions
     let (limits, request_id) = (&options.headers, options.request_id_header.as_str().as_bytes());
     let mut total = 0usize;
     for (name, value) in fields.iter() {
-        let size = name.len() + value.len();
-        if size > limits.field as usize {
-            return false;
-        }
-        total += size + 4;
+        let Some(counted) = limits.counted(name.len(), value.len()) else { return false };
+        total += counted;
         if !field_stays_as_sent(name, value, request_id) {
             return false;
         }
