@@ -45,58 +45,114 @@ impl CanonicalHost<'_> {
 
 /// The canonical form of a `Host` header or URI authority (`name[:port]`).
 pub fn canonical_host(raw: &str) -> Result<CanonicalHost<'_>, HostError> {
+    if raw.starts_with('[') {
+        let (name, port) = split_bracketed_port(raw)?;
+        return ipv6_literal(name).map(|name| CanonicalHost { name: Cow::Borrowed(name), port });
+    }
+    name_and_port(raw.as_bytes())
+}
+
+/// The canonical form of a `Host` field value as it came off the wire: as
+/// [`canonical_host`], and `BadName` for a value that is not visible ASCII.
+pub fn canonical_host_field(raw: &[u8]) -> Result<CanonicalHost<'_>, HostError> {
+    // Every request's host comes here: a name (or IPv4 address) and port
+    // are checked in one pass over the bytes, without first checking them
+    // as text. Anything else, a refusal included, takes the general rule,
+    // which says why.
+    if raw.first() != Some(&b'[')
+        && let Ok(host) = name_and_port(raw)
+    {
+        return Ok(host);
+    }
+    let visible = raw.iter().all(|b| *b == b'\t' || (b' '..=b'~').contains(b));
+    let text = visible.then(|| std::str::from_utf8(raw).ok()).flatten().ok_or(HostError::BadName)?;
+    canonical_host(text)
+}
+
+/// `name[:port]` where the name is not an IPv6 literal.
+fn name_and_port(raw: &[u8]) -> Result<CanonicalHost<'_>, HostError> {
     if raw.is_empty() {
         return Err(HostError::Empty);
     }
-    let (name, port) = split_port(raw)?;
-    if name.starts_with('[') {
-        return ipv6_literal(name).map(|name| CanonicalHost { name: Cow::Borrowed(name), port });
-    }
-    let name = name.strip_suffix('.').unwrap_or(name);
+    // A byte loop: `rfind` searches for a `char`, at several times the cost on a host this short.
+    let (name, port) = match raw.iter().rposition(|b| *b == b':') {
+        Some(colon) => (&raw[..colon], Some(port(&raw[colon + 1..])?)),
+        None => (raw, None),
+    };
+    let name = name.strip_suffix(b".").unwrap_or(name);
     if name.is_empty() || name.len() > MAX_NAME_LEN {
         return Err(HostError::BadName);
     }
     // Labels of letters, digits, `-` and `_` (found in internal names), none
-    // empty: one pass over the bytes, as every request's host comes here.
+    // empty: one table lookup per byte.
     let (mut label, mut upper) = (0usize, false);
-    for b in name.bytes() {
-        match b {
-            b'.' if label == 0 => return Err(HostError::BadName),
-            b'.' => label = 0,
-            b if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' => {
+    for b in name {
+        match HOST_BYTES[usize::from(*b)] {
+            LABEL => label += 1,
+            UPPER => {
                 label += 1;
-                upper |= b.is_ascii_uppercase();
+                upper = true;
             }
+            DOT if label > 0 => label = 0,
             _ => return Err(HostError::BadName),
         }
     }
     if label == 0 {
         return Err(HostError::BadName);
     }
+    // ASCII by the loop above: this cannot fail.
+    let name = std::str::from_utf8(name).map_err(|_| HostError::BadName)?;
     let name = if upper { Cow::Owned(name.to_ascii_lowercase()) } else { Cow::Borrowed(name) };
     Ok(CanonicalHost { name, port })
 }
 
-/// `name:port` -> (`name`, port); an IPv6 literal's colons are its own.
-fn split_port(raw: &str) -> Result<(&str, Option<u16>), HostError> {
-    let colon = if raw.starts_with('[') {
-        let end = raw.find(']').ok_or(HostError::BadName)?;
-        match &raw[end + 1..] {
-            "" => None,
-            rest if rest.starts_with(':') => Some(end + 1),
-            _ => return Err(HostError::BadName),
-        }
-    } else {
-        // A byte loop: `rfind` searches for a `char`, at several times the cost on a host this short.
-        raw.bytes().rposition(|b| b == b':')
-    };
-    let Some(colon) = colon else { return Ok((raw, None)) };
-    let digits = &raw[colon + 1..];
-    if digits.is_empty() || digits.len() > 5 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+/// A port: one to five digits, at most 65535.
+fn port(digits: &[u8]) -> Result<u16, HostError> {
+    if digits.is_empty() || digits.len() > 5 {
         return Err(HostError::BadPort);
     }
-    let port = digits.parse::<u16>().map_err(|_| HostError::BadPort)?;
-    Ok((&raw[..colon], Some(port)))
+    let mut port = 0u32;
+    for b in digits {
+        if !b.is_ascii_digit() {
+            return Err(HostError::BadPort);
+        }
+        port = port * 10 + u32::from(b - b'0');
+    }
+    u16::try_from(port).map_err(|_| HostError::BadPort)
+}
+
+/// What a byte may be in a host name.
+const OTHER: u8 = 0;
+const LABEL: u8 = 1;
+const UPPER: u8 = 2;
+const DOT: u8 = 3;
+
+static HOST_BYTES: [u8; 256] = {
+    let mut table = [OTHER; 256];
+    let mut b = 0;
+    while b < 256 {
+        let byte = b as u8;
+        table[b] = match byte {
+            b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' => LABEL,
+            b'A'..=b'Z' => UPPER,
+            b'.' => DOT,
+            _ => OTHER,
+        };
+        b += 1;
+    }
+    table
+};
+
+/// `[v6]:port` -> (`[v6]`, port); the literal's colons are its own.
+fn split_bracketed_port(raw: &str) -> Result<(&str, Option<u16>), HostError> {
+    let end = raw.find(']').ok_or(HostError::BadName)?;
+    match &raw[end + 1..] {
+        "" => Ok((raw, None)),
+        rest => match rest.strip_prefix(':') {
+            Some(digits) => Ok((&raw[..=end], Some(port(digits.as_bytes())?))),
+            None => Err(HostError::BadName),
+        },
+    }
 }
 
 fn ipv6_literal(name: &str) -> Result<&str, HostError> {
@@ -148,10 +204,22 @@ mod tests {
             ("[::1]:x", Err(HostError::BadPort)),
         ];
         for (raw, want) in cases {
+            let want = want.map(|(name, port)| (name.to_owned(), port));
             let got = canonical_host(raw).map(|h| (h.name.into_owned(), h.port));
-            assert_eq!(got, want.map(|(name, port)| (name.to_owned(), port)), "{raw:?}");
+            assert_eq!(got, want, "{raw:?}");
+            // The same from the wire.
+            let got = canonical_host_field(raw.as_bytes()).map(|h| (h.name.into_owned(), h.port));
+            assert_eq!(got, want, "field {raw:?}");
         }
         assert!(matches!(canonical_host("example.com.").unwrap().name, Cow::Borrowed(_)));
+        assert!(matches!(canonical_host_field(b"example.com:80").unwrap().name, Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn a_host_field_that_is_not_visible_ascii_has_no_canonical_form() {
+        for raw in [&b"a\x01b"[..], b"a\x01b:abc", b"caf\xc3\xa9.example", b"\xff", b"a.example\x7f", b"[::1]\x00"] {
+            assert_eq!(canonical_host_field(raw), Err(HostError::BadName), "{raw:?}");
+        }
     }
 
     #[test]

@@ -13,7 +13,7 @@
 use http::header::{Entry, HeaderMap, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Request, Uri, Version, header};
-use sluice_proto::host::{CanonicalHost, HostError, canonical_host};
+use sluice_proto::host::{CanonicalHost, HostError, canonical_host, canonical_host_field};
 use sluice_proto::path::canonical_path;
 
 use super::ProxyOptions;
@@ -364,7 +364,7 @@ pub(super) fn request_host<'r, B>(
         return Err(HostError::Repeated.into());
     }
     let header = match header {
-        Some(value) => Some(canonical_host(visible_text(value).ok_or(HostError::BadName)?)?),
+        Some(value) => Some(canonical_host_field(value)?),
         None => None,
     };
     let Some(authority) = request.uri().authority() else {
@@ -378,12 +378,6 @@ pub(super) fn request_host<'r, B>(
         Some(header) if !header.agrees_with(&target) => Err(HostError::Disagrees.into()),
         _ => Ok(Some(target)),
     }
-}
-
-/// A field value as text, when it is visible ASCII (with spaces and tabs), as `HeaderValue::to_str` takes it.
-fn visible_text(value: &[u8]) -> Option<&str> {
-    let visible = value.iter().all(|b| *b == b'\t' || (b' '..=b'~').contains(b));
-    visible.then(|| std::str::from_utf8(value).ok()).flatten()
 }
 
 #[cfg(test)]
