@@ -29,8 +29,9 @@ static PREFIX: LazyLock<u64> = LazyLock::new(|| rand::random::<u64>() & 0xff_fff
 static SLOTS: AtomicU32 = AtomicU32::new(0);
 
 thread_local! {
-    /// (this thread's slot, its next counter value); the slot is taken lazily.
-    static COUNTER: Cell<Option<(u16, u64)>> = const { Cell::new(None) };
+    /// This thread's last made ID: the next one is it with its counter
+    /// digits counted up, not all its digits written again.
+    static LAST_MADE: Cell<Option<[u8; MADE_LEN]>> = const { Cell::new(None) };
 }
 
 /// A request's ID, held inline: the client's header value shares the
@@ -57,15 +58,19 @@ impl RequestId {
 
     /// A new ID: no syscall, no lock, no allocation.
     pub fn make() -> RequestId {
-        let (slot, counter) = COUNTER.with(|cell| {
-            let (slot, counter) = cell.get().unwrap_or_else(|| (SLOTS.fetch_add(1, Ordering::Relaxed) as u16, 0));
-            cell.set(Some((slot, counter.wrapping_add(1))));
-            (slot, counter)
+        let made = LAST_MADE.with(|last| {
+            let made = match last.get() {
+                Some(mut made) => {
+                    count_up(&mut made[14..]);
+                    made
+                }
+                None => first_made(),
+            };
+            last.set(Some(made));
+            made
         });
         let mut bytes = [0; MAX_LEN];
-        hex(&mut bytes[..10], *PREFIX);
-        hex(&mut bytes[10..14], u64::from(slot));
-        hex(&mut bytes[14..MADE_LEN], counter);
+        bytes[..MADE_LEN].copy_from_slice(&made);
         RequestId { len: MADE_LEN as u8, bytes }
     }
 
@@ -98,6 +103,28 @@ fn hex(out: &mut [u8], mut value: u64) {
     for digit in out.iter_mut().rev() {
         *digit = DIGITS[(value & 0xf) as usize];
         value >>= 4;
+    }
+}
+
+/// A thread's first ID: the process's prefix, the thread's slot (taken
+/// now), and its counter at zero.
+fn first_made() -> [u8; MADE_LEN] {
+    let slot = SLOTS.fetch_add(1, Ordering::Relaxed) as u16;
+    let mut made = [0; MADE_LEN];
+    hex(&mut made[..10], *PREFIX);
+    hex(&mut made[10..14], u64::from(slot));
+    hex(&mut made[14..], 0);
+    made
+}
+
+/// Adds one to the lowercase hex number in `digits`, wrapping to zero past the largest.
+fn count_up(digits: &mut [u8]) {
+    for digit in digits.iter_mut().rev() {
+        match *digit {
+            b'f' => *digit = b'0',
+            b'9' => return *digit = b'a',
+            _ => return *digit += 1,
+        }
     }
 }
 
@@ -167,5 +194,19 @@ mod tests {
         assert!(other.iter().all(|id| !seen.contains(id)));
         let first = RequestId::make();
         assert_eq!(&first.as_str()[..10], &other[0][..10], "one prefix per process");
+    }
+
+    #[test]
+    fn the_counter_counts_up_in_hex_and_wraps_to_zero() {
+        for (before, after) in
+            [("000", "001"), ("009", "00a"), ("00f", "010"), ("0ff", "100"), ("a9f", "aa0"), ("fff", "000")]
+        {
+            let mut digits = before.as_bytes().to_vec();
+            count_up(&mut digits);
+            assert_eq!(std::str::from_utf8(&digits).unwrap(), after, "{before}");
+        }
+        let (one, two) = (RequestId::make(), RequestId::make());
+        let counter = |id: &RequestId| u64::from_str_radix(&id.as_str()[14..], 16).unwrap();
+        assert_eq!(counter(&two), counter(&one) + 1, "{one} then {two}");
     }
 }
