@@ -26,7 +26,7 @@ use tokio_util::either::Either;
 use tower_service::Service as _;
 
 use super::Target;
-use super::http1::{Connection, ExchangeError, OwnHeads};
+use super::http1::{Connection, ExchangeError, OwnHeads, ResponseBody};
 use crate::base::worker;
 use crate::base::{BodyError, ProxyBody, RequestBody, boxed_body, error_chain};
 
@@ -226,37 +226,38 @@ impl Dialer {
     /// HTTP/2 an absolute URI. A request that asks to switch protocols
     /// (`upgrade`) goes on a connection of its own. The response head must
     /// have come by `deadline` (connecting included). `own`: see `UpstreamPool::send`.
-    #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see proxy::handle)")]
-    pub fn send(
-        &self,
-        target: &Arc<Target>,
+    ///
+    /// The path is chosen before the future is made, and the future is only
+    /// that path's: the usual one, a request on an idle HTTP/1.1
+    /// connection, is then as small as its exchange (see `proxy::handle` for
+    /// why the size matters). The others are boxed: a new connection is made
+    /// once per many requests, and an HTTP/2 or upgraded request already
+    /// allocates per request in hyper.
+    pub fn send<'a>(
+        &'a self,
+        target: &'a Arc<Target>,
         request: Request<RequestBody>,
         connect_timeout: Duration,
         upgrade: bool,
         deadline: tokio::time::Instant,
-        own: OwnHeads<'_>,
-    ) -> impl Future<Output = Result<Response<ProxyBody>, SendError>> {
-        async move {
-            // hyper writes these requests from their maps alone.
-            debug_assert!(own.forwarding.is_none() || !(self.http2 || upgrade), "forwarding fields left out");
-            if self.http2 {
-                return by(deadline, self.send_h2(target, request, connect_timeout)).await;
-            }
-            if upgrade {
-                return Box::pin(by(deadline, self.send_upgrade(target, request, connect_timeout))).await;
-            }
-            let connection = match target.connections.take_idle() {
-                Some(connection) => connection,
-                // Boxed: the rare connect path would otherwise make every
-                // request's future larger, copied at each move.
-                None => Box::pin(by(deadline, self.dial_h1(&target.origin, connect_timeout))).await?,
-            };
+        own: OwnHeads<'a>,
+    ) -> impl Future<Output = Result<Response<ProxyBody>, SendError>> + 'a {
+        use futures_util::future::Either::{Left, Right};
+        // hyper writes these requests from their maps alone.
+        debug_assert!(own.forwarding.is_none() || !(self.http2 || upgrade), "forwarding fields left out");
+        if self.http2 {
+            return Right(Right(Left(Box::pin(by(deadline, self.send_h2(target, request, connect_timeout))))));
+        }
+        if upgrade {
+            return Right(Right(Right(Box::pin(by(deadline, self.send_upgrade(target, request, connect_timeout))))));
+        }
+        match target.connections.take_idle() {
             // The connection keeps the deadline itself (see `http1::Connection::deadline`).
-            let response = connection.exchange(request, target.clone(), deadline, own).await.map_err(|e| match e {
-                ExchangeError::TimedOut => SendError::TimedOut,
-                e => SendError::Exchange(e),
-            })?;
-            Ok(response.map(ProxyBody::Target))
+            Some(connection) => Left(connection.exchange(request, target.clone(), deadline, own).map(exchanged)),
+            None => Right(Left(Box::pin(async move {
+                let connection = by(deadline, self.dial_h1(&target.origin, connect_timeout)).await?;
+                exchanged(connection.exchange(request, target.clone(), deadline, own).await)
+            }))),
         }
     }
 
@@ -340,6 +341,15 @@ impl Dialer {
             .map_err(SendError::Hyper)?;
         tokio::spawn(connection.map(log_connection_end));
         Ok(sender)
+    }
+}
+
+/// An exchange's result as `send`'s.
+fn exchanged(result: Result<Response<ResponseBody>, ExchangeError>) -> Result<Response<ProxyBody>, SendError> {
+    match result {
+        Ok(response) => Ok(response.map(ProxyBody::Target)),
+        Err(ExchangeError::TimedOut) => Err(SendError::TimedOut),
+        Err(e) => Err(SendError::Exchange(e)),
     }
 }
 

@@ -161,13 +161,18 @@ impl Connection {
     /// goes back to `home` when the body has ended cleanly and the
     /// connection may carry another request. `own`: what is written and
     /// kept here instead of in the header maps.
-    pub(super) async fn exchange(
+    ///
+    /// The head is written before the future is made, so the future holds
+    /// only what outlives the wait: not the request, nor `own` (see
+    /// `proxy::handle` for why its size matters).
+    #[allow(clippy::manual_async_fn, reason = "the future must not hold the arguments, see above")]
+    pub(super) fn exchange(
         mut self: Box<Self>,
         request: Request<RequestBody>,
         home: Home,
         deadline: Instant,
         own: OwnHeads<'_>,
-    ) -> Result<Response<ResponseBody>, ExchangeError> {
+    ) -> impl Future<Output = Result<Response<ResponseBody>, ExchangeError>> + use<> {
         match self.deadline.as_mut() {
             Some(timer) => timer.as_mut().reset(deadline),
             None => self.deadline = Some(Box::pin(tokio::time::sleep_until(deadline))),
@@ -177,23 +182,26 @@ impl Connection {
         let outgoing =
             encode_head(&mut self.write, &parts.method, &parts.uri, &parts.headers, forwarding, own.as_sent, &body);
         let head_request = parts.method == Method::HEAD;
+        let fields_as_sent = own.fields_as_sent;
         let body = (!matches!(outgoing, BodyEncoder::Done)).then_some(body);
         let mut sending = Sending { body, framing: outgoing, write_failed: None };
-        let head = std::future::poll_fn(|cx| match self.poll_exchange(cx, &mut sending) {
-            Poll::Pending => self.poll_deadline(cx),
-            done => done,
-        })
-        .await?;
-        // A response that came before the request was all out leaves the
-        // request half sent: the connection cannot carry another.
-        let reusable = head.keep_alive && sending.body.is_none() && self.write.is_empty();
         // The request's map, emptied, carries the response's headers: hyper
         // parses the client's next request into the map of this response,
         // which then has room for what the forward adds, and neither side
         // allocates a map per message.
         let mut headers = parts.headers;
         headers.clear();
-        self.into_response(head, headers, head_request, reusable, home, own.fields_as_sent)
+        async move {
+            let head = std::future::poll_fn(|cx| match self.poll_exchange(cx, &mut sending) {
+                Poll::Pending => self.poll_deadline(cx),
+                done => done,
+            })
+            .await?;
+            // A response that came before the request was all out leaves the
+            // request half sent: the connection cannot carry another.
+            let reusable = head.keep_alive && sending.body.is_none() && self.write.is_empty();
+            self.into_response(head, headers, head_request, reusable, home, fields_as_sent)
+        }
     }
 
     /// Writes the request while reading for the response head, so a target
