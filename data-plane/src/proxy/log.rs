@@ -118,16 +118,21 @@ impl LoggedBody {
     }
 
     fn finish(&mut self) {
-        if let Some(mut exchange) = self.exchange.take() {
-            // The one clock reading of the end, for the metrics, the log, the span and the connection.
-            let ended = Instant::now();
-            let elapsed = ended.saturating_duration_since(exchange.started);
-            report(&exchange, self.bytes, elapsed);
-            // After the log line: a drain that sees no request in flight finds it written.
-            exchange.active.ended_at(ended);
-            if let Some(span) = exchange.trace.take() {
-                end_span(span, exchange, elapsed);
+        // Ended where it is, and moved out (it is large) only for a span.
+        let Some(exchange) = self.exchange.as_mut() else { return };
+        // The one clock reading of the end, for the metrics, the log, the span and the connection.
+        let ended = Instant::now();
+        let elapsed = ended.saturating_duration_since(exchange.started);
+        report(exchange, self.bytes, elapsed);
+        // After the log line: a drain that sees no request in flight finds it written.
+        exchange.active.ended_at(ended);
+        match exchange.trace.take() {
+            Some(span) => {
+                if let Some(exchange) = self.exchange.take() {
+                    end_span(span, exchange, elapsed);
+                }
             }
+            None => self.exchange = None,
         }
     }
 }
