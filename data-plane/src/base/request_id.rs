@@ -21,6 +21,9 @@ pub const MAX_LEN: usize = 64;
 /// Hex digits of a made ID: 10 of process prefix (40 random bits), 4 of
 /// thread slot, 12 of counter (2^48 requests per thread before it wraps).
 const MADE_LEN: usize = 26;
+/// Where a made ID's slot and counter digits begin.
+const SLOT_AT: usize = 10;
+const COUNTER_AT: usize = 14;
 
 /// Random once per process: IDs of two processes differ in it.
 static PREFIX: LazyLock<u64> = LazyLock::new(|| rand::random::<u64>() & 0xff_ffff_ffff);
@@ -61,7 +64,7 @@ impl RequestId {
         let made = LAST_MADE.with(|last| {
             let made = match last.get() {
                 Some(mut made) => {
-                    count_up(&mut made[14..]);
+                    count_up(&mut made[COUNTER_AT..]);
                     made
                 }
                 None => first_made(),
@@ -111,9 +114,9 @@ fn hex(out: &mut [u8], mut value: u64) {
 fn first_made() -> [u8; MADE_LEN] {
     let slot = SLOTS.fetch_add(1, Ordering::Relaxed) as u16;
     let mut made = [0; MADE_LEN];
-    hex(&mut made[..10], *PREFIX);
-    hex(&mut made[10..14], u64::from(slot));
-    hex(&mut made[14..], 0);
+    hex(&mut made[..SLOT_AT], *PREFIX);
+    hex(&mut made[SLOT_AT..COUNTER_AT], u64::from(slot));
+    hex(&mut made[COUNTER_AT..], 0);
     made
 }
 
@@ -206,7 +209,7 @@ mod tests {
             assert_eq!(std::str::from_utf8(&digits).unwrap(), after, "{before}");
         }
         let (one, two) = (RequestId::make(), RequestId::make());
-        let counter = |id: &RequestId| u64::from_str_radix(&id.as_str()[14..], 16).unwrap();
+        let counter = |id: &RequestId| u64::from_str_radix(&id.as_str()[COUNTER_AT..], 16).unwrap();
         assert_eq!(counter(&two), counter(&one) + 1, "{one} then {two}");
     }
 }

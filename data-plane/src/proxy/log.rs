@@ -126,14 +126,12 @@ impl LoggedBody {
         report(exchange, self.bytes, elapsed);
         // After the log line: a drain that sees no request in flight finds it written.
         exchange.active.ended_at(ended);
-        match exchange.trace.take() {
-            Some(span) => {
-                if let Some(exchange) = self.exchange.take() {
-                    end_span(span, exchange, elapsed);
-                }
-            }
-            None => self.exchange = None,
+        if let Some(span) = exchange.trace.take()
+            && let Some(exchange) = self.exchange.take()
+        {
+            end_span(span, exchange, elapsed);
         }
+        self.exchange = None;
     }
 }
 
