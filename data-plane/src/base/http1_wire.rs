@@ -224,6 +224,18 @@ pub fn append_fields(headers: &mut HeaderMap, head: &Bytes, fields: &[Field]) ->
     Ok(())
 }
 
+/// Puts `headers` into a message's map `slot`, which usually holds the
+/// empty map a new `Request` or `Response` starts with, or one left by a
+/// `take`. Such a map has never held anything and owns no memory, so it is
+/// forgotten instead of dropped: its drop glue is a call per message for
+/// nothing. Any other map is dropped as usual.
+pub fn put_headers(slot: &mut HeaderMap, headers: HeaderMap) {
+    let replaced = std::mem::replace(slot, headers);
+    if replaced.capacity() == 0 {
+        std::mem::forget(replaced);
+    }
+}
+
 /// Appends the header line `name: value` to a head being written (inlined, as `write_line`).
 #[inline(always)]
 pub fn write_field(out: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {

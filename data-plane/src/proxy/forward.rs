@@ -14,7 +14,7 @@ use super::inbound::{self, HopByHop};
 use super::log::Exchange;
 use super::{Peer, ProxyOptions};
 use crate::base::forwarding::{self, Forwarding};
-use crate::base::http1_wire::{HOP_BY_HOP, HeadFields};
+use crate::base::http1_wire::{self, HOP_BY_HOP, HeadFields};
 use crate::base::{BodyStatus, ClientFault, ProxyBody, ProxyError, RequestBody, empty_body_request};
 use crate::routing::CompiledApi;
 use crate::upstream::{InFlight, OwnHeads, SendError, Target, Tried};
@@ -207,7 +207,8 @@ impl<'a> Outgoing<'a> {
         *request.method_mut() = self.method.clone();
         *request.uri_mut() = uri;
         *request.version_mut() = if http2 { Version::HTTP_2 } else { Version::HTTP_11 };
-        *request.headers_mut() = if for_retry { self.headers.clone() } else { std::mem::take(&mut self.headers) };
+        let headers = if for_retry { self.headers.clone() } else { std::mem::take(&mut self.headers) };
+        http1_wire::put_headers(request.headers_mut(), headers);
         let host_in_map = !http2 && self.forwarding.is_none();
         if host_in_map && (!preserve_host || !request.headers().contains_key(header::HOST)) {
             request.headers_mut().insert(header::HOST, target.host_header.clone());

@@ -249,7 +249,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientConnection<S> {
         *request.method_mut() = head.method;
         *request.uri_mut() = Uri::from(path_and_query);
         *request.version_mut() = Version::HTTP_11;
-        *request.headers_mut() = headers;
+        http1_wire::put_headers(request.headers_mut(), headers);
         let (request, body, feed) = if head.body == 0 {
             (request.map(|()| empty_body_request()), None, None)
         } else if arrived as u64 == head.body {
@@ -311,7 +311,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientConnection<S> {
             encode_head(&mut self.write, parts.status, &parts.headers, as_sent, exact, head_request, keep_alive);
         let mut headers = parts.headers;
         headers.clear();
-        self.headers = headers;
+        http1_wire::put_headers(&mut self.headers, headers);
         if encoder.is_done() {
             // Never polled: a HEAD answer or a 204 sends no body, whatever the body holds.
             drop(body);

@@ -339,7 +339,7 @@ impl Connection {
         let mut response = Response::new(body);
         *response.status_mut() = head.status;
         *response.version_mut() = head.version;
-        *response.headers_mut() = headers;
+        http1_wire::put_headers(response.headers_mut(), headers);
         Ok(response)
     }
 }
