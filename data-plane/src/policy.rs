@@ -220,7 +220,7 @@ impl PolicyChain {
     /// access log), even if a later policy refuses the request. An API
     /// without policies does not come here: `proxy::route_and_forward`
     /// forwards its requests itself.
-    #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see proxy::handle)")]
+    #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see proxy::answer)")]
     pub fn apply<F, Fut>(
         &self,
         mut request: Request<RequestBody>,

@@ -207,11 +207,91 @@ impl Peer {
     }
 }
 
-/// One request, from its head to the response ready for the client.
-/// `body` is the status of the request's body, when it has one (see
-/// `client_body::watch`); `started` is when its head had arrived;
-/// `fields_as_sent`: see `log::Exchange::fields_as_sent`; `as_sent`: the
-/// request's fields when they are not in its map (see `HeadFields`).
+/// One request, from its head to the response ready for the client, for
+/// hyper's connections: the exchange goes with the response's body, which
+/// hyper polls after this has returned. `body` is the status of the
+/// request's body, when it has one (see `client_body::watch`); `started` is
+/// when its head had arrived.
+fn handle(
+    mut request: Request<RequestBody>,
+    body: Option<BodyStatus>,
+    started: Instant,
+    shared: Arc<Shared>,
+    peer: Peer,
+    active: ActiveRequest,
+) -> impl Future<Output = Result<Response<LoggedBody>, Infallible>> {
+    async move {
+        let (mut exchange, echo) = begin(&mut request, body, started, &shared, &peer, active, false, None);
+        let response = answer(request, None, echo, &shared, &peer, &mut exchange).await;
+        Ok(response.map(|body| LoggedBody::new(body, exchange)))
+    }
+}
+
+/// What every request starts with, before anything can refuse it: its ID
+/// (the client's, or a new one) and span, and the exchange that follows it
+/// to its log line. Also the client's ID as a header value, to echo, when
+/// the request's fields are in its map. `fields_as_sent`: see
+/// `log::Exchange::fields_as_sent`; `as_sent`: the request's fields when
+/// they are not in its map (see `HeadFields`); they hold no ID (see
+/// `inbound::fields_stay_as_sent`), so a new one goes with them.
+#[allow(clippy::too_many_arguments, reason = "each is a part of the request")]
+fn begin(
+    request: &mut Request<RequestBody>,
+    body: Option<BodyStatus>,
+    started: Instant,
+    shared: &Shared,
+    peer: &Peer,
+    active: ActiveRequest,
+    fields_as_sent: bool,
+    as_sent: Option<HeadFields<'_>>,
+) -> (Exchange, Option<HeaderValue>) {
+    let (request_id, echo) = match as_sent {
+        Some(_) => (RequestId::make(), None),
+        None => {
+            let (id, echo) = inbound::request_id(request.headers_mut(), &shared.options.request_id_header);
+            (id, Some(echo))
+        }
+    };
+    // A refusal is traced too. The span's `traceparent` replaces the
+    // client's here, so the upstream receives it with the other headers.
+    let trace = shared.options.tracer.as_ref().and_then(|tracer| tracer.start(request.headers_mut()));
+    let access_log = shared.options.access_log;
+    let exchange = Exchange {
+        active,
+        request_id,
+        started,
+        client: peer.ip,
+        tls: peer.tls,
+        version: request.version(),
+        method: request.method().clone(),
+        path: request.uri().path().into(),
+        host: None,
+        user_agent: access_log
+            .then(|| match as_sent {
+                Some(fields) => fields.values("user-agent").next().map(log::user_agent),
+                None => request.headers().get(header::USER_AGENT).map(|value| log::user_agent(value.as_bytes())),
+            })
+            .flatten(),
+        api: None,
+        upstream_target: None,
+        upstream_status: None,
+        upstream_elapsed: None,
+        request_body: body,
+        consumer: None,
+        status: StatusCode::OK,
+        grpc_status: None,
+        access_log,
+        fields_as_sent,
+        in_flight: None,
+        table: None,
+        trace,
+    };
+    (exchange, echo)
+}
+
+/// A request `begin` has made `exchange` of, answered: the response is
+/// ready for the client, and `exchange` knows what the log line needs but
+/// the end of the body. `echo` and `as_sent`: see `begin`.
 ///
 /// Not an `async fn`, and neither are the steps it awaits: an async fn's
 /// future holds each argument twice (as passed, and moved into the body),
@@ -220,72 +300,20 @@ impl Peer {
 /// the same reason the block uses its arguments as bound here: rebound in
 /// the block (`let mut request = request`), one is held twice too.
 #[allow(clippy::manual_async_fn, reason = "see the doc comment")]
-#[allow(
-    clippy::too_many_arguments,
-    reason = "each is a part of the request; a struct of them would be moved once more"
-)]
-fn handle(
-    mut request: Request<RequestBody>,
-    body: Option<BodyStatus>,
-    started: Instant,
-    shared: Arc<Shared>,
-    peer: Peer,
-    active: ActiveRequest,
-    fields_as_sent: bool,
-    as_sent: Option<HeadFields<'_>>,
-) -> impl Future<Output = Result<Response<LoggedBody>, Infallible>> {
+fn answer<'a>(
+    request: Request<RequestBody>,
+    as_sent: Option<HeadFields<'a>>,
+    mut echo: Option<HeaderValue>,
+    shared: &'a Shared,
+    peer: &'a Peer,
+    exchange: &'a mut Exchange,
+) -> impl Future<Output = Response<ProxyBody>> + 'a {
     async move {
-        // First, so that every answer, even one refused before routing,
-        // carries the ID. Fields kept as sent hold none (see
-        // `inbound::fields_stay_as_sent`): a new one goes with them, and
-        // is made a header value only for a response that needs one.
         let id_field = &shared.options.request_id_header;
-        let (request_id, mut echo) = match as_sent {
-            Some(_) => (RequestId::make(), None),
-            None => {
-                let (id, echo) = inbound::request_id(request.headers_mut(), id_field);
-                (id, Some(echo))
-            }
-        };
-        let id_text = request_id;
         // Its bytes, not `as_str`, which checks them again as UTF-8.
+        let id_text = exchange.request_id;
         let as_sent = as_sent.map(|fields| fields.adding(id_field, id_text.as_ref()));
-        // Before anything can refuse the request: a refusal is traced too.
-        // The span's `traceparent` replaces the client's here, so the
-        // upstream receives it with the other headers.
-        let trace = shared.options.tracer.as_ref().and_then(|tracer| tracer.start(request.headers_mut()));
-        let access_log = shared.options.access_log;
-        let mut exchange = Exchange {
-            active,
-            request_id,
-            started,
-            client: peer.ip,
-            tls: peer.tls,
-            version: request.version(),
-            method: request.method().clone(),
-            path: request.uri().path().into(),
-            host: None,
-            user_agent: access_log
-                .then(|| match as_sent {
-                    Some(fields) => fields.values("user-agent").next().map(log::user_agent),
-                    None => request.headers().get(header::USER_AGENT).map(|value| log::user_agent(value.as_bytes())),
-                })
-                .flatten(),
-            api: None,
-            upstream_target: None,
-            upstream_status: None,
-            upstream_elapsed: None,
-            request_body: body,
-            consumer: None,
-            status: StatusCode::OK,
-            grpc_status: None,
-            access_log,
-            fields_as_sent,
-            in_flight: None,
-            table: None,
-            trace,
-        };
-        let routed = route_and_forward(request, as_sent, &mut echo, &shared, &peer, &mut exchange).await;
+        let routed = route_and_forward(request, as_sent, &mut echo, shared, peer, exchange).await;
         let mut response = match routed {
             Ok(response) => response,
             Err(error) => {
@@ -312,11 +340,11 @@ fn handle(
         if exchange.version == http::Version::HTTP_2 {
             exchange.grpc_status = log::grpc_status(response.headers());
         }
-        Ok(response.map(|body| LoggedBody::new(body, exchange)))
+        response
     }
 }
 
-#[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see proxy::handle)")]
+#[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see proxy::answer)")]
 fn route_and_forward<'a>(
     mut request: Request<RequestBody>,
     mut as_sent: Option<HeadFields<'a>>,

@@ -200,7 +200,7 @@ fn service(
         // fail it; its time is bounded and its end watched whoever reads it.
         let timeout = shared.options.client_body_timeout;
         let (request, body) = client_body::watch(request, timeout, started.into());
-        handle(request, body, started, shared.clone(), client.clone(), activity.begin(), false, None)
+        handle(request, body, started, shared.clone(), client.clone(), activity.begin())
     })
 }
 

@@ -22,7 +22,7 @@ use crate::upstream::{InFlight, OwnHeads, SendError, Target, Tried};
 /// Forwards the request and returns the upstream's response, ready for the client.
 ///
 /// The rewrite happens here, before the future: the future then holds the
-/// rewritten request alone, not it and the client's request (see `proxy::handle`
+/// rewritten request alone, not it and the client's request (see `proxy::answer`
 /// for why its size matters).
 ///
 /// `taken`: what the inbound stage took from the hop-by-hop headers. A
@@ -218,7 +218,7 @@ impl<'a> Outgoing<'a> {
 }
 
 /// Sends to a target picked per attempt, with the request timeout and bounded retries.
-#[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see proxy::handle)")]
+#[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see proxy::answer)")]
 fn send<'a>(
     api: &'a CompiledApi,
     mut outgoing: Outgoing<'a>,

@@ -34,12 +34,14 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio_util::io::poll_read_buf;
 
 use super::idle::ConnectionActivity;
-use super::log::LoggedBody;
+use super::log::{Exchange, LoggedBody};
 use super::when_woken::WhenWoken;
-use super::{Peer, ProxyOptions, Shared, client_body, handle, inbound};
+use super::{Peer, ProxyOptions, Shared, answer, begin, client_body, inbound};
 use crate::base::forwarding::own_via;
 use crate::base::http1_wire::{self, Field, HeadFields};
-use crate::base::{BodyEncoder, BodyStatus, BoxError, RequestBody, RequestId, empty_body_request, full_body_request};
+use crate::base::{
+    BodyEncoder, BodyStatus, BoxError, ProxyBody, RequestBody, RequestId, empty_body_request, full_body_request,
+};
 
 /// A head still incomplete at this size goes to hyper, which reads on to
 /// the configured header limit and answers 431 past it.
@@ -96,17 +98,18 @@ where
             connection.poll_request(cx, &shared.options)
         })
         .await;
-        let (request, started, body, feed, meta, head) = match next {
+        let (mut request, started, body, feed, meta, head) = match next {
             Next::Request { request, started, body, feed, meta, head } => (request, started, body, feed, meta, head),
             Next::HandOff => return Served::HandOff(connection.hand_off()),
             Next::Close => break,
         };
         // Lent to the request while it is handled: the next head's fields go in again after.
         let fields = std::mem::take(&mut connection.fields);
+        let as_sent = head.as_ref().map(|head| HeadFields::new(head, &fields));
+        // Kept here until the response has been written, not moved through it (it is large).
+        let (mut exchange, echo) = begin(&mut request, body, started, shared, client, activity.begin(), true, as_sent);
         let response = {
-            let as_sent = head.as_ref().map(|head| HeadFields::new(head, &fields));
-            let mut response =
-                pin!(handle(request, body, started, shared.clone(), client.clone(), activity.begin(), true, as_sent));
+            let mut response = pin!(answer(request, as_sent, echo, shared, client, &mut exchange));
             std::future::poll_fn(|cx| {
                 poll_ended(ending, &mut ended, cx);
                 loop {
@@ -121,12 +124,11 @@ where
             .await
         };
         connection.fields = fields;
-        let Ok(response) = response;
         // Closed after this answer: when the client asks, on shutdown, and when
         // its body was not read to the end (the rest would be taken for the next request).
         let keep_alive = meta.keep_alive && !ended && feed.as_ref().is_none_or(|feed| lock(feed).complete());
         let replaced = &shared.options.request_id_header;
-        let written = connection.respond(response, meta.head, keep_alive, feed.as_ref(), replaced).await;
+        let written = connection.respond(response, &mut exchange, meta.head, keep_alive, feed.as_ref(), replaced).await;
         if written.is_err() || !keep_alive {
             break;
         }
@@ -292,7 +294,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientConnection<S> {
     /// in every response (the request ID), whose target's value goes no further.
     async fn respond(
         &mut self,
-        response: Response<LoggedBody>,
+        response: Response<ProxyBody>,
+        exchange: &mut Exchange,
         head_request: bool,
         keep_alive: bool,
         feed: Option<&Arc<Mutex<Feed>>>,
@@ -305,13 +308,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientConnection<S> {
             fields,
             replaced,
             via: own_via(parts.version),
-            request_id: body.request_id(),
+            request_id: Some(&exchange.request_id),
         });
         let mut encoder =
             encode_head(&mut self.write, parts.status, &parts.headers, as_sent, exact, head_request, keep_alive);
         let mut headers = parts.headers;
         headers.clear();
         http1_wire::put_headers(&mut self.headers, headers);
+        let body = LoggedBody::new(body, exchange);
         if encoder.is_done() {
             // Never polled: a HEAD answer or a 204 sends no body, whatever the body holds.
             drop(body);
@@ -335,7 +339,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientConnection<S> {
     fn poll_body(
         &mut self,
         cx: &mut Context<'_>,
-        mut body: Pin<&mut LoggedBody>,
+        mut body: Pin<&mut LoggedBody<&mut Exchange>>,
         encoder: &mut BodyEncoder,
     ) -> Poll<io::Result<()>> {
         loop {
@@ -570,7 +574,7 @@ fn encode_head<'a>(
             dated |= name.eq_ignore_ascii_case(b"date");
             http1_wire::write_line(out, name, value);
         }
-        // What the map path gives them (`forwarding::append_via`, `proxy::handle`),
+        // What the map path gives them (`forwarding::append_via`, `proxy::answer`),
         // without a map: `Via` after the target's, the gateway's request ID in place of the target's.
         http1_wire::write_line(out, b"via", via.as_bytes());
         if let Some(id) = request_id {

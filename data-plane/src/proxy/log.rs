@@ -3,6 +3,7 @@
 //! recorded when the body has been fully sent (or the client went away), with
 //! the real byte count and duration even for long streamed responses.
 
+use std::borrow::BorrowMut;
 use std::io::Write;
 use std::net::IpAddr;
 use std::pin::Pin;
@@ -95,47 +96,38 @@ struct Line<'a> {
 }
 
 /// A response body that reports its exchange when it ends or is dropped.
-pub struct LoggedBody {
+/// The exchange is held (`X = Exchange`) where the body outlives the request's
+/// handler (hyper's connections), or borrowed (`X = &mut Exchange`) from the
+/// one that writes the response (`http1`), which then moves neither through
+/// the response.
+pub struct LoggedBody<X: BorrowMut<Exchange> = Exchange> {
     inner: ProxyBody,
     bytes: u64,
-    exchange: Option<Exchange>,
+    exchange: Option<X>,
 }
 
-impl LoggedBody {
-    pub fn new(inner: ProxyBody, exchange: Exchange) -> Self {
+impl<X: BorrowMut<Exchange>> LoggedBody<X> {
+    pub fn new(inner: ProxyBody, exchange: X) -> Self {
         LoggedBody { inner, bytes: 0, exchange: Some(exchange) }
     }
 
-    /// The target's header fields as it sent them, when they are not in the
-    /// response's header map (see `ResponseBody::fields_as_sent`).
-    pub(super) fn fields_as_sent(&self) -> Option<impl Iterator<Item = (&[u8], &[u8])>> {
-        self.inner.fields_as_sent()
-    }
-
-    /// The request's ID, until the body has ended.
-    pub(super) fn request_id(&self) -> Option<&RequestId> {
-        self.exchange.as_ref().map(|exchange| &exchange.request_id)
-    }
-
     fn finish(&mut self) {
-        // Ended where it is, and moved out (it is large) only for a span.
-        let Some(exchange) = self.exchange.as_mut() else { return };
+        // Ended where it is: it is large.
+        let Some(exchange) = self.exchange.as_mut().map(BorrowMut::borrow_mut) else { return };
         // The one clock reading of the end, for the metrics, the log, the span and the connection.
         let ended = Instant::now();
         let elapsed = ended.saturating_duration_since(exchange.started);
         report(exchange, self.bytes, elapsed);
         // After the log line: a drain that sees no request in flight finds it written.
         exchange.active.ended_at(ended);
-        if let Some(span) = exchange.trace.take()
-            && let Some(exchange) = self.exchange.take()
-        {
+        if let Some(span) = exchange.trace.take() {
             end_span(span, exchange, elapsed);
         }
         self.exchange = None;
     }
 }
 
-impl Body for LoggedBody {
+impl<X: BorrowMut<Exchange> + Unpin> Body for LoggedBody<X> {
     type Data = Bytes;
     type Error = BodyError;
 
@@ -149,7 +141,7 @@ impl Body for LoggedBody {
                     && let Some(status) = grpc_status(trailers)
                     && let Some(exchange) = self.exchange.as_mut()
                 {
-                    exchange.grpc_status = Some(status);
+                    exchange.borrow_mut().grpc_status = Some(status);
                 }
             }
             Poll::Ready(None) => self.finish(),
@@ -167,7 +159,7 @@ impl Body for LoggedBody {
     }
 }
 
-impl Drop for LoggedBody {
+impl<X: BorrowMut<Exchange>> Drop for LoggedBody<X> {
     fn drop(&mut self) {
         // hyper may drop a body it knows is empty without polling it to the end.
         self.finish();
@@ -210,23 +202,23 @@ pub(super) fn user_agent(value: &[u8]) -> Box<str> {
     text[..end].into()
 }
 
-/// Hands the span what it reports, moved out of the exchange: the rest of
-/// the exchange (the in-flight counts, the table) is released here as usual.
-fn end_span(span: Box<ActiveSpan>, exchange: Exchange, elapsed: Duration) {
+/// Hands the span what it reports, taken from the exchange, whose owner
+/// drops the rest (the in-flight counts, the table) as usual.
+fn end_span(span: Box<ActiveSpan>, exchange: &mut Exchange, elapsed: Duration) {
     span.end(SpanEnd {
         elapsed,
-        method: exchange.method,
+        method: exchange.method.clone(),
         scheme: if exchange.tls.is_some() { "https" } else { "http" },
-        path: exchange.path,
+        path: exchange.path.clone(),
         version: exchange.version,
         client: exchange.client,
-        host: exchange.host,
-        user_agent: exchange.user_agent,
+        host: exchange.host.take(),
+        user_agent: exchange.user_agent.take(),
         request_id: exchange.request_id,
-        api: exchange.api,
-        consumer: exchange.consumer,
+        api: exchange.api.take(),
+        consumer: exchange.consumer.take(),
         status: exchange.status,
-        target: exchange.upstream_target,
+        target: exchange.upstream_target.take(),
         upstream_status: exchange.upstream_status,
         grpc_status: exchange.grpc_status,
     });

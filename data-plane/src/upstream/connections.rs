@@ -229,7 +229,7 @@ impl Dialer {
     ///
     /// The path is chosen before the future is made, and the future is only
     /// that path's: the usual one, a request on an idle HTTP/1.1
-    /// connection, is then as small as its exchange (see `proxy::handle` for
+    /// connection, is then as small as its exchange (see `proxy::answer` for
     /// why the size matters). The others are boxed: a new connection is made
     /// once per many requests, and an HTTP/2 or upgraded request already
     /// allocates per request in hyper.
@@ -277,7 +277,7 @@ impl Dialer {
         Ok(response.map(hyper_body))
     }
 
-    #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see proxy::handle)")]
+    #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see proxy::answer)")]
     fn send_h2(
         &self,
         target: &Target,

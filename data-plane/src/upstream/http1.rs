@@ -164,7 +164,7 @@ impl Connection {
     ///
     /// The head is written before the future is made, so the future holds
     /// only what outlives the wait: not the request, nor `own` (see
-    /// `proxy::handle` for why its size matters).
+    /// `proxy::answer` for why its size matters).
     #[allow(clippy::manual_async_fn, reason = "the future must not hold the arguments, see above")]
     pub(super) fn exchange(
         mut self: Box<Self>,
