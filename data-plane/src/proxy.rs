@@ -404,12 +404,14 @@ fn route_and_forward<'a>(
         taken.upgrade = taken.upgrade.and_then(|upgrade| upgrade.allowed(api.allow_h2c_upgrade));
         exchange.api = Some(api.clone());
         let (api, options) = (api.as_ref(), &shared.options);
-        // Without policies, straight to the forward (a client-sent
+        // Without policies, straight to the send (a client-sent
         // X-Consumer-Username is already gone, see `inbound`): the chain's
-        // future is larger than the forward's it wraps, and would be built and
-        // moved anyway.
+        // future is larger than the send's it wraps, and would be built and
+        // moved anyway. Rewritten here, the request is not moved into
+        // `forward`'s future and the send's moved out of it.
         if api.policies.is_empty() {
-            return forward::forward(api, request, as_sent, raw_path, taken, peer, options, exchange).await;
+            let outgoing = forward::Outgoing::rewrite(api, request, as_sent, raw_path, taken, peer, options, exchange)?;
+            return forward::send(api, outgoing, peer, exchange).await;
         }
         // The policies read and change the request's fields in its map.
         inbound::into_map(&mut as_sent, request.headers_mut(), &exchange.request_id, id_value)?;

@@ -50,7 +50,7 @@ pub(super) fn forward<'a>(
 }
 
 /// The client's request rewritten for the upstream, up to what depends on the target.
-struct Outgoing<'a> {
+pub(super) struct Outgoing<'a> {
     method: Method,
     path_and_query: PathAndQuery,
     headers: HeaderMap,
@@ -74,7 +74,7 @@ impl<'a> Outgoing<'a> {
     /// `raw_path` is the client's path as sent, for an API that forwards it
     /// instead of the canonical one (the request's own URI).
     #[allow(clippy::too_many_arguments, reason = "as `forward`'s")]
-    fn rewrite(
+    pub(super) fn rewrite(
         api: &CompiledApi,
         mut request: Request<RequestBody>,
         mut as_sent: Option<HeadFields<'a>>,
@@ -219,7 +219,7 @@ impl<'a> Outgoing<'a> {
 
 /// Sends to a target picked per attempt, with the request timeout and bounded retries.
 #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see proxy::answer)")]
-fn send<'a>(
+pub(super) fn send<'a>(
     api: &'a CompiledApi,
     mut outgoing: Outgoing<'a>,
     peer: &'a Peer,

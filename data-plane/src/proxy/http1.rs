@@ -95,13 +95,18 @@ where
                 // Idle, or shutting down between requests: nothing is in flight.
                 return Poll::Ready(Next::Close);
             }
-            connection.poll_request(cx, &shared.options)
+            connection.poll_request(cx)
         })
         .await;
-        let (mut request, started, body, feed, meta, head) = match next {
-            Next::Request { request, started, body, feed, meta, head } => (request, started, body, feed, meta, head),
-            Next::HandOff => return Served::HandOff(connection.hand_off()),
+        // Taken out of the buffer here, after the wait: a request built in
+        // the read's poll would be moved out through each layer of it.
+        let taken = match next {
+            Next::Head(head) => connection.take_request(head, &shared.options),
+            Next::HandOff => None,
             Next::Close => break,
+        };
+        let Some(Taken { mut request, started, body, feed, meta, head }) = taken else {
+            return Served::HandOff(connection.hand_off());
         };
         // Lent to the request while it is handled: the next head's fields go in again after.
         let fields = std::mem::take(&mut connection.fields);
@@ -147,24 +152,28 @@ fn poll_ended<E: Future + Unpin>(ending: &mut WhenWoken<E>, ended: &mut bool, cx
     *ended
 }
 
-#[allow(clippy::large_enum_variant, reason = "a request is the usual case: boxing it would cost an allocation each")]
+/// What the connection has read next.
 enum Next {
-    Request {
-        request: Request<RequestBody>,
-        /// When its head had arrived.
-        started: Instant,
-        /// The status of its body, when it has one (see `client_body`).
-        body: Option<BodyStatus>,
-        /// Where the rest of its body comes from, when it has not all arrived.
-        feed: Option<Arc<Mutex<Feed>>>,
-        meta: Meta,
-        /// The request's head, when its fields stay there (see
-        /// `inbound::fields_stay_as_sent`): they are where the connection's
-        /// `fields` says, and not in the request's map.
-        head: Option<Bytes>,
-    },
+    /// A whole request head, parsed.
+    Head(Head),
     HandOff,
     Close,
+}
+
+/// A request taken out of the read buffer.
+struct Taken {
+    request: Request<RequestBody>,
+    /// When its head had arrived.
+    started: Instant,
+    /// The status of its body, when it has one (see `client_body`).
+    body: Option<BodyStatus>,
+    /// Where the rest of its body comes from, when it has not all arrived.
+    feed: Option<Arc<Mutex<Feed>>>,
+    meta: Meta,
+    /// The request's head, when its fields stay there (see
+    /// `inbound::fields_stay_as_sent`): they are where the connection's
+    /// `fields` says, and not in the request's map.
+    head: Option<Bytes>,
 }
 
 /// What answering a request needs to know of it.
@@ -203,13 +212,13 @@ struct ClientConnection<S> {
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> ClientConnection<S> {
-    /// Reads until a whole request is buffered; `Next::Close` when the
+    /// Reads until a whole request head is buffered; `Next::Close` when the
     /// client closes (or the read fails) between requests.
-    fn poll_request(&mut self, cx: &mut Context<'_>, options: &ProxyOptions) -> Poll<Next> {
+    fn poll_request(&mut self, cx: &mut Context<'_>) -> Poll<Next> {
         loop {
             if !self.read.is_empty() {
                 match parse_head(&self.read, &mut self.fields) {
-                    Parsed::Complete(head) => return Poll::Ready(self.take_request(head, options)),
+                    Parsed::Complete(head) => return Poll::Ready(Next::Head(head)),
                     Parsed::Partial if self.read.len() < MAX_HEAD => {}
                     Parsed::Partial | Parsed::Other => return Poll::Ready(Next::HandOff),
                 }
@@ -227,8 +236,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientConnection<S> {
         }
     }
 
-    /// The request of `head`, taken out of the read buffer with what has arrived of its body.
-    fn take_request(&mut self, head: Head, options: &ProxyOptions) -> Next {
+    /// The request of `head`, taken out of the read buffer with what has
+    /// arrived of its body; `None` when it goes to hyper after all.
+    fn take_request(&mut self, head: Head, options: &ProxyOptions) -> Option<Taken> {
         let started = Instant::now();
         let arrived =
             usize::try_from(head.body).map_or(self.read.len(), |body| (head.length + body).min(self.read.len()));
@@ -271,16 +281,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientConnection<S> {
             let (request, status) = client_body::watch(request, options.client_body_timeout, started.into());
             (request, status, Some(feed))
         };
-        Next::Request { request, started, body, feed, meta: head.meta, head: as_sent.then_some(bytes) }
+        Some(Taken { request, started, body, feed, meta: head.meta, head: as_sent.then_some(bytes) })
     }
 
     /// A request found unfit only once taken out of the buffer goes back in front of it, for hyper.
-    fn put_back(&mut self, taken: Bytes) -> Next {
+    fn put_back(&mut self, taken: Bytes) -> Option<Taken> {
         let mut read = BytesMut::with_capacity(taken.len() + self.read.len());
         read.extend_from_slice(&taken);
         read.extend_from_slice(&self.read);
         self.read = read;
-        Next::HandOff
+        None
     }
 
     fn hand_off(self) -> Rewind<S> {
