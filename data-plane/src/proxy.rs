@@ -44,7 +44,7 @@ use balance::Seat;
 use connection::Protocols;
 use idle::ActiveRequest;
 use inbound::HopByHop;
-use log::Exchange;
+use log::{Exchange, RequestPath};
 
 /// Settings of the proxy listener (from the data plane's settings).
 #[derive(Debug, Clone)]
@@ -264,7 +264,11 @@ fn begin(
         tls: peer.tls,
         version: request.version(),
         method: request.method().clone(),
-        path: request.uri().path().into(),
+        // The path as sent shares the client connection's read buffer (see `RequestPath`).
+        path: match request.uri().path_and_query() {
+            Some(sent) if fields_as_sent => RequestPath::Sent(sent.clone()),
+            _ => RequestPath::Copied(request.uri().path().into()),
+        },
         host: None,
         user_agent: access_log
             .then(|| match as_sent {

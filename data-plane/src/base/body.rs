@@ -127,8 +127,24 @@ pub fn empty_body_request() -> RequestBody {
 /// to each layer beside the request (not in its extensions, which would
 /// cost the request two allocations).
 /// It also counts the bytes read, for the access log.
-#[derive(Debug, Clone, Default)]
-pub struct BodyStatus(Arc<Progress>);
+#[derive(Debug, Clone)]
+pub struct BodyStatus(Status);
+
+#[derive(Debug, Clone)]
+enum Status {
+    /// Being read: the reader and the other layers share its progress.
+    Reading(Arc<Progress>),
+    /// Arrived whole with the request's head, this many bytes: nothing can
+    /// change about it, so nothing is shared (or allocated).
+    Arrived(u64),
+}
+
+impl Default for BodyStatus {
+    /// A body still to be read.
+    fn default() -> Self {
+        BodyStatus(Status::Reading(Arc::default()))
+    }
+}
 
 #[derive(Debug, Default)]
 struct Progress {
@@ -155,8 +171,24 @@ const TIMED_OUT: u8 = 3;
 const TOO_LARGE: u8 = 4;
 
 impl BodyStatus {
+    /// A body of `received` bytes that arrived whole with its head.
+    pub fn arrived(received: u64) -> Self {
+        BodyStatus(Status::Arrived(received))
+    }
+
+    /// The progress of a body being read; `None` once it has all arrived,
+    /// when nothing about it can change any more.
+    fn progress(&self) -> Option<&Progress> {
+        match &self.0 {
+            Status::Reading(progress) => Some(progress),
+            Status::Arrived(_) => None,
+        }
+    }
+
     pub fn complete(&self) {
-        let _ = self.0.state.compare_exchange(RECEIVING, COMPLETE, Ordering::Relaxed, Ordering::Relaxed);
+        if let Some(progress) = self.progress() {
+            let _ = progress.state.compare_exchange(RECEIVING, COMPLETE, Ordering::Relaxed, Ordering::Relaxed);
+        }
     }
 
     /// The first fault wins: a body that timed out is not also "broken" when
@@ -167,30 +199,65 @@ impl BodyStatus {
             ClientFault::TimedOut => TIMED_OUT,
             ClientFault::TooLarge => TOO_LARGE,
         };
-        let _ = self.0.state.compare_exchange(RECEIVING, code, Ordering::Relaxed, Ordering::Relaxed);
+        if let Some(progress) = self.progress() {
+            let _ = progress.state.compare_exchange(RECEIVING, code, Ordering::Relaxed, Ordering::Relaxed);
+        }
     }
 
-    /// `n` more bytes of the body were read.
+    /// `n` more bytes of the body were read (of one being read).
     pub fn add_received(&self, n: usize) {
-        self.0.received.fetch_add(n as u64, Ordering::Relaxed);
+        if let Some(progress) = self.progress() {
+            progress.received.fetch_add(n as u64, Ordering::Relaxed);
+        }
     }
 
     /// The body's bytes read so far.
     pub fn received(&self) -> u64 {
-        self.0.received.load(Ordering::Relaxed)
+        match &self.0 {
+            Status::Reading(progress) => progress.received.load(Ordering::Relaxed),
+            Status::Arrived(received) => *received,
+        }
     }
 
     /// Whether the last byte has not arrived yet (and nothing failed).
     pub fn receiving(&self) -> bool {
-        self.0.state.load(Ordering::Relaxed) == RECEIVING
+        self.progress().is_some_and(|progress| progress.state.load(Ordering::Relaxed) == RECEIVING)
     }
 
     pub fn fault(&self) -> Option<ClientFault> {
-        match self.0.state.load(Ordering::Relaxed) {
+        match self.progress()?.state.load(Ordering::Relaxed) {
             BROKEN => Some(ClientFault::Broken),
             TIMED_OUT => Some(ClientFault::TimedOut),
             TOO_LARGE => Some(ClientFault::TooLarge),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_body_being_read_counts_its_bytes_and_keeps_its_first_ending() {
+        let status = BodyStatus::default();
+        let seen_elsewhere = status.clone();
+        assert!(status.receiving());
+        status.add_received(3);
+        status.add_received(4);
+        status.fail(ClientFault::TimedOut);
+        status.fail(ClientFault::Broken);
+        status.complete();
+        assert_eq!(seen_elsewhere.received(), 7);
+        assert!(!seen_elsewhere.receiving());
+        assert_eq!(seen_elsewhere.fault(), Some(ClientFault::TimedOut));
+    }
+
+    #[test]
+    fn a_body_that_arrived_whole_stays_complete() {
+        let status = BodyStatus::arrived(5);
+        status.fail(ClientFault::TooLarge);
+        status.add_received(1);
+        assert_eq!((status.received(), status.receiving(), status.fault()), (5, false, None));
     }
 }

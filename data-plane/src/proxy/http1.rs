@@ -266,9 +266,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientConnection<S> {
             (request.map(|()| empty_body_request()), None, None)
         } else if arrived as u64 == head.body {
             // The whole body has arrived: there is nothing left to wait for or fail.
-            let status = BodyStatus::default();
-            status.add_received(arrived);
-            status.complete();
+            let status = BodyStatus::arrived(head.body);
             (request.map(|()| full_body_request(bytes.slice(head.length..))), Some(status), None)
         } else {
             let feed = Arc::new(Mutex::new(Feed {

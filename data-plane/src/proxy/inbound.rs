@@ -18,7 +18,7 @@ use sluice_proto::path::canonical_path;
 
 use super::ProxyOptions;
 use super::forward::named_in_connection;
-use super::log::Exchange;
+use super::log::{Exchange, RequestPath};
 use crate::base::forwarding::Replaced;
 use crate::base::http1_wire::{HOP_BY_HOP, HeadFields, is_hop_by_hop, is_named};
 use crate::base::{ProxyError, RequestId};
@@ -327,7 +327,7 @@ pub(super) fn canonicalize_path<B>(
         return Ok(Canonicalized { raw: None, encoded_separator });
     }
     let path = canonical.path.into_owned();
-    exchange.path = path.as_str().into();
+    exchange.path = RequestPath::Copied(path.as_str().into());
     let path_and_query = match request.uri().query() {
         Some(query) => format!("{path}?{query}"),
         None => path,

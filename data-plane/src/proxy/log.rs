@@ -12,6 +12,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderName, Method, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use serde::Serialize;
@@ -35,12 +36,9 @@ pub struct Exchange {
     pub tls: Option<&'static str>,
     pub version: Version,
     pub method: Method,
-    /// The request's path, copied: a query string may carry secrets (API
-    /// keys), so only the path is logged. Not the client's `Uri`, which
-    /// shares the connection's read buffer: held until the response ends,
-    /// it kept that 8 KiB buffer alive beside the one hyper reads the next
-    /// request into, for every open connection. Shared with the policy chain.
-    pub path: Arc<str>,
+    /// The request's path: a query string may carry secrets (API keys), so
+    /// only the path is logged. Shared with the policy chain.
+    pub path: RequestPath,
     /// The routed host and the client's `User-Agent`, copied (see `path`)
     /// only when the access log is on.
     pub host: Option<Box<str>>,
@@ -69,6 +67,40 @@ pub struct Exchange {
     pub table: Option<Arc<RoutingTable>>,
     /// The request's span when it is traced and sampled (see `trace`).
     pub trace: Option<Box<ActiveSpan>>,
+}
+
+/// The request's path (without its query), as the exchange keeps it.
+#[derive(Debug, Clone)]
+pub enum RequestPath {
+    /// The client's, sharing the connection's read buffer: only where that
+    /// buffer lives until the response ends anyway (`http1`, which reads
+    /// the next request only then), as it saves a copy per request.
+    Sent(PathAndQuery),
+    /// Copied: hyper reads the next request while a response is sent, into
+    /// a new buffer if this one is still held, so a path sharing it kept an
+    /// 8 KiB buffer alive per open connection. Also a canonicalised path.
+    Copied(Arc<str>),
+}
+
+impl RequestPath {
+    /// Shared for the span, which outlives the exchange.
+    fn to_shared(&self) -> Arc<str> {
+        match self {
+            RequestPath::Sent(sent) => sent.path().into(),
+            RequestPath::Copied(copied) => copied.clone(),
+        }
+    }
+}
+
+impl std::ops::Deref for RequestPath {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        match self {
+            RequestPath::Sent(sent) => sent.path(),
+            RequestPath::Copied(copied) => copied,
+        }
+    }
 }
 
 /// One access log line; docs/operations.md describes every field, in this order.
@@ -209,7 +241,7 @@ fn end_span(span: Box<ActiveSpan>, exchange: &mut Exchange, elapsed: Duration) {
         elapsed,
         method: exchange.method.clone(),
         scheme: if exchange.tls.is_some() { "https" } else { "http" },
-        path: exchange.path.clone(),
+        path: exchange.path.to_shared(),
         version: exchange.version,
         client: exchange.client,
         host: exchange.host.take(),
