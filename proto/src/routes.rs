@@ -119,6 +119,10 @@ impl HostRoutes {
             matched.push(&node.entries);
         }
         for segment in path.split('/').filter(|s| !s.is_empty()) {
+            // A leaf, as the node of most prefixes is: the rest of the path need not be split and hashed.
+            if node.children.is_empty() {
+                break;
+            }
             match node.children.get(segment) {
                 Some(child) => node = child,
                 None => break,

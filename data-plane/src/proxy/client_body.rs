@@ -34,14 +34,24 @@ where
     B::Error: Into<BoxError>,
 {
     let (parts, body) = request.into_parts();
+    let (body, status) = watch_body(body, timeout, started);
+    (Request::from_parts(parts, body), status)
+}
+
+/// [`watch`] for a request's body alone.
+pub fn watch_body<B>(body: B, timeout: Duration, started: Instant) -> (RequestBody, Option<BodyStatus>)
+where
+    B: Body<Data = Bytes> + Unpin + Send + Sync + 'static,
+    B::Error: Into<BoxError>,
+{
     if body.is_end_stream() {
         // Nothing more can come, not even trailers: an empty body stands in,
         // which boxes without allocating.
-        return (Request::from_parts(parts, empty_body_request()), None);
+        return (empty_body_request(), None);
     }
     let status = BodyStatus::default();
     let body = ClientBody { inner: body, timeout, deadline: started + timeout, timer: None, status: status.clone() };
-    (Request::from_parts(parts, body.boxed()), Some(status))
+    (body.boxed(), Some(status))
 }
 
 struct ClientBody<B> {

@@ -257,17 +257,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientConnection<S> {
             }
         }
         let arrived = bytes.len() - head.length;
-        let mut request = Request::new(());
-        *request.method_mut() = head.method;
-        *request.uri_mut() = Uri::from(path_and_query);
-        *request.version_mut() = Version::HTTP_11;
-        http1_wire::put_headers(request.headers_mut(), headers);
-        let (request, body, feed) = if head.body == 0 {
-            (request.map(|()| empty_body_request()), None, None)
+        // The body first, so the request is made once with it (not made, then moved into one with it).
+        let (request_body, body, feed) = if head.body == 0 {
+            (empty_body_request(), None, None)
         } else if arrived as u64 == head.body {
             // The whole body has arrived: there is nothing left to wait for or fail.
-            let status = BodyStatus::arrived(head.body);
-            (request.map(|()| full_body_request(bytes.slice(head.length..))), Some(status), None)
+            (full_body_request(bytes.slice(head.length..)), Some(BodyStatus::arrived(head.body)), None)
         } else {
             let feed = Arc::new(Mutex::new(Feed {
                 data: (arrived > 0).then(|| bytes.slice(head.length..)),
@@ -275,10 +270,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientConnection<S> {
                 waiting: None,
                 failed: false,
             }));
-            let request = request.map(|()| StreamedBody { feed: feed.clone() });
-            let (request, status) = client_body::watch(request, options.client_body_timeout, started.into());
-            (request, status, Some(feed))
+            let streamed = StreamedBody { feed: feed.clone() };
+            let (request_body, status) = client_body::watch_body(streamed, options.client_body_timeout, started.into());
+            (request_body, status, Some(feed))
         };
+        let mut request = Request::new(request_body);
+        *request.method_mut() = head.method;
+        *request.uri_mut() = Uri::from(path_and_query);
+        *request.version_mut() = Version::HTTP_11;
+        http1_wire::put_headers(request.headers_mut(), headers);
         Some(Taken { request, started, body, feed, meta: head.meta, head: as_sent.then_some(bytes) })
     }
 

@@ -17,6 +17,9 @@ pub(super) struct WhenWoken<F> {
     flag: Arc<Flag>,
     /// Wakes `flag`, then the task: what `future` is polled with.
     waker: Waker,
+    /// The task waker last registered in `flag`, which stays there until a
+    /// wake takes it (and sets `woken` first).
+    registered: Option<Waker>,
 }
 
 struct Flag {
@@ -39,7 +42,7 @@ impl<F: Future + Unpin> WhenWoken<F> {
     pub(super) fn new(future: F) -> Self {
         // Woken to begin with: the first poll starts the future.
         let flag = Arc::new(Flag { woken: AtomicBool::new(true), task: AtomicWaker::new() });
-        WhenWoken { future, waker: Waker::from(flag.clone()), flag }
+        WhenWoken { future, waker: Waker::from(flag.clone()), flag, registered: None }
     }
 }
 
@@ -48,8 +51,18 @@ impl<F: Future + Unpin> Future for WhenWoken<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.get_mut();
+        // Not woken, and the task's waker still registered: nothing to do (a
+        // wake from here on sets `woken`, then wakes the task with it). The
+        // usual case, as the connection's task wakes often and this rarely.
+        let same_task = this.registered.as_ref().is_some_and(|registered| registered.will_wake(cx.waker()));
+        if same_task && !this.flag.woken.load(Ordering::Acquire) {
+            return Poll::Pending;
+        }
         // The task's waker first: a wake between the two is then not lost.
         this.flag.task.register(cx.waker());
+        if !same_task {
+            this.registered = Some(cx.waker().clone());
+        }
         if !this.flag.woken.swap(false, Ordering::AcqRel) {
             return Poll::Pending;
         }
@@ -103,5 +116,18 @@ mod tests {
         assert!(Pin::new(&mut gated).poll(&mut cx).is_pending());
         assert!(Pin::new(&mut gated).poll(&mut cx).is_pending());
         assert_eq!(polls.load(Ordering::Relaxed), 2, "polled again once per wake");
+
+        // A wake takes the task's waker: it is registered again for the next.
+        waker.lock().unwrap().take().expect("the future kept a waker").wake();
+        assert_eq!(task.0.load(Ordering::Relaxed), 2, "a second wake wakes the task too");
+        assert!(Pin::new(&mut gated).poll(&mut cx).is_pending());
+        assert_eq!(polls.load(Ordering::Relaxed), 3);
+
+        // Polled from another task: that one is woken from then on.
+        let other = Arc::new(TaskWoken(AtomicUsize::new(0)));
+        let other_waker = Waker::from(other.clone());
+        assert!(Pin::new(&mut gated).poll(&mut Context::from_waker(&other_waker)).is_pending());
+        waker.lock().unwrap().take().expect("the future kept a waker").wake();
+        assert_eq!((task.0.load(Ordering::Relaxed), other.0.load(Ordering::Relaxed)), (2, 1));
     }
 }
