@@ -140,15 +140,27 @@ impl Connection {
         if !self.read.is_empty() {
             return false;
         }
-        let mut cx = Context::from_waker(Waker::noop());
-        matches!(self.poll_fill(&mut cx), Poll::Pending)
+        self.make_room();
+        match &mut self.io {
+            // A plain socket's readiness is looked at without registering a
+            // waker (a lock of its waiter list), which the exchange does next anyway.
+            Either::Left(tcp) => {
+                matches!(tcp.try_read_buf(&mut self.read), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+            }
+            Either::Right(_) => matches!(self.poll_fill(&mut Context::from_waker(Waker::noop())), Poll::Pending),
+        }
     }
 
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        self.make_room();
+        poll_read_buf(Pin::new(&mut self.io), cx, &mut self.read)
+    }
+
+    /// Room for a read: a read into a full buffer would read nothing, as at the end of the stream.
+    fn make_room(&mut self) {
         if self.read.capacity() - self.read.len() < READ_SIZE / 4 {
             self.read.reserve(READ_SIZE);
         }
-        poll_read_buf(Pin::new(&mut self.io), cx, &mut self.read)
     }
 
     /// Writes what is buffered; `Ready(Ok)` once all of it is out and flushed.
