@@ -123,6 +123,20 @@ class ReportTest(unittest.TestCase):
         self.assertNotIn("\n## proxy", md)
         self.assertIn("| case | nginx instr/req | haproxy instr/req | sluice instr/req |", md)
 
+    def test_the_bare_nginx_baseline_is_shown_beside_the_same_job(self):
+        figures = instructions()
+        figures["gateways"]["nginx-bare"] = {"proxy": {"instructions": 22_000.0, "allocations": 9.0},
+                                             "get": {"instructions": 18_000.0, "allocations": 6.0}}
+        with BenchDir(pinned=pinned_run(), unpinned=unpinned_run(), instructions=figures) as d:
+            md = d.markdown()
+        # The targets are judged against nginx doing the same job; the bare figures are said beside them.
+        self.assertIn("| callgrind | proxy | instructions per request ≤ 0.8x nginx | 0.80x | **met** |", md)
+        self.assertIn("| sluice instr vs nginx | sluice instr vs nginx-bare |", md)
+        self.assertIn("| proxy | 25,000 | 31,000 | 20,000 | 22,000 | 9.0 | 0.0 | 4.0 | 9.0 | 0.80x | 0.91x |", md)
+        self.assertIn("Against `nginx-bare`, which does less (see above), the same targets would read: proxy "
+                      "**missed** (0.91x against at most 0.80x: 14% over); get **missed** (1.67x against at most "
+                      "0.80x: 108% over).", md)
+
     def test_a_missing_file_is_said_not_faked(self):
         with BenchDir(unpinned=unpinned_run(), instructions=instructions(with_sluice=False)) as d:
             md = d.markdown()

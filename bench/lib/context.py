@@ -13,7 +13,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import procs
+from . import peers, procs
 from .load import Layout, Request, Target
 
 BASIC_USER, BASIC_PASSWORD = "loadtest", "secret"
@@ -138,10 +138,24 @@ def check(target: Target, expect_header: str | None = None) -> dict:
     """One request through target before measuring it: must be 2xx; returns the echo (JSON) if any."""
     request = target.request
     body = request.body_file.read_bytes() if request.body_file else None
-    status, _, data = send(target.url, request.method, body, request_headers(request))
+    status, answered, data = send(target.url, request.method, body, request_headers(request))
     if not 200 <= status < 300:
         raise RuntimeError(f"{target.label}: {request.method} {target.url} -> {status}: {data[:500]!r}")
     try:
-        return json.loads(data)
+        echo = json.loads(data)
     except ValueError:
         return {}
+    check_same_job(target.label, echo, answered)
+    return echo
+
+
+def check_same_job(label: str, echo: dict, answered: dict[str, str]) -> None:
+    """Every gateway compared adds what Sluice adds by default (`peers.FORWARDED_FIELDS`): the upstream's
+    echo of the request's fields holds them, and so does the answer."""
+    if not isinstance(echo, dict) or "headers" not in echo:
+        return
+    seen = {name.lower() for name in echo["headers"]}
+    missing = [f for f in peers.FORWARDED_FIELDS if f not in seen]
+    missing += [f"{f} (in the answer)" for f in peers.ANSWERED_FIELDS if f not in answered]
+    if missing:
+        raise RuntimeError(f"{label} does not do the same job as the others: no {', '.join(missing)}")

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from . import peers, procs
 from .callgrind import callgrind_control, dump_costs
-from .context import BASIC_HEADER, BASIC_PASSWORD, BASIC_USER, Certs, body_1066, htpasswd_ssha, make_certs
+from .context import (BASIC_HEADER, BASIC_PASSWORD, BASIC_USER, Certs, body_1066, check_same_job, htpasswd_ssha,
+                      make_certs)
 from .sluice import Sluice
 
 
@@ -55,6 +56,7 @@ class Gateway:
     name: str
     proc: procs.Proc
     urls: dict[str, tuple[str, int, str]]  # case -> (host, port, path)
+    same_job: bool = True  # adds what Sluice adds (see peers.FORWARDED_FIELDS)
 
 
 def valgrind(workdir: Path, name: str, simulate: bool) -> list[str]:
@@ -133,27 +135,29 @@ def check_upstream_saw(gateway: Gateway, case: Case, ca: Path) -> None:
     host, port, path = gateway.urls[case.name]
     context = ssl.create_default_context(cafile=str(ca)) if case.tls else None
 
-    def once(headers: dict[str, str]) -> tuple[int, bytes]:
+    def once(headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
         conn = (http.client.HTTPSConnection(host, port, timeout=300, context=context) if case.tls
                 else http.client.HTTPConnection(host, port, timeout=300))
         try:
             conn.request(case.method, path, body=case.body, headers=headers)
             response = conn.getresponse()
-            return response.status, response.read()
+            return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
         finally:
             conn.close()
 
-    status, data = once(case.headers)
+    status, answered, data = once(case.headers)
     if status != 200:
         raise RuntimeError(f"{gateway.name} {case.name}: {status} {data[:300]!r}")
     echo = json.loads(data)
+    if gateway.same_job:
+        check_same_job(f"{gateway.name} {case.name}", echo, answered)
     if echo.get("body_len") != len(case.body or b""):
         raise RuntimeError(f"{gateway.name} {case.name}: the upstream got {echo.get('body_len')} body bytes")
     if "Authorization" in case.headers:
         seen = {k.lower(): v for k, v in echo.get("headers", {}).items()}
         if "authorization" in seen or seen.get("x-consumer-username") != BASIC_USER:
             raise RuntimeError(f"{gateway.name} {case.name}: the upstream saw {seen}")
-        status, _ = once({**case.headers, "Authorization": "Basic Zm9vOmJhcg=="})
+        status, _, _ = once({**case.headers, "Authorization": "Basic Zm9vOmJhcg=="})
         if status != 401:
             raise RuntimeError(f"{gateway.name} {case.name}: a wrong password got {status}")
 
@@ -193,28 +197,32 @@ def start_sluice(bins: Path, workdir: Path, up: Upstreams, certs: Certs, simulat
     })
 
 
-def start_nginx(workdir: Path, up: Upstreams, certs: Certs, simulate: bool) -> Gateway:
-    d = workdir / "nginx"
+def start_nginx(workdir: Path, up: Upstreams, certs: Certs, simulate: bool, same_job: bool = True) -> Gateway:
+    """`same_job`: adding what Sluice adds (`peers.FORWARDED_FIELDS`); else `nginx-bare`, the earlier
+    baseline, which adds nothing to the request or the answer."""
+    name = "nginx" if same_job else "nginx-bare"
+    d = workdir / name
     peers.nginx_dirs(d)
     port, tls_port = procs.free_port(), procs.free_port()
-    plain = peers.PROXY_TO.format(scheme="http", upstream="backend")
-    pool = peers.PROXY_TO.format(scheme="http", upstream="pool")
+    plain = peers.proxy_to("http", "backend", same_job)
+    pool = peers.proxy_to("http", "pool", same_job)
+    secured = peers.secured_server(peers.Tls(certs.leaf, certs.leaf_key, certs.ca), htpasswd_ssha(d / "htpasswd"),
+                                   "backend_tls", same_job)
     servers = [
         f"listen 127.0.0.1:{port};\n        location / {{{plain}\n        }}\n        location /api/ {{{pool}\n        }}",
-        peers.secured_server(peers.Tls(certs.leaf, certs.leaf_key, certs.ca), htpasswd_ssha(d / "htpasswd"),
-                             "backend_tls").replace("LISTEN_PORT", str(tls_port)),
+        secured.replace("LISTEN_PORT", str(tls_port)),
     ]
     upstreams = "".join([peers.nginx_upstream("backend", [up.plain]), peers.nginx_upstream("pool", up.pool),
                          peers.nginx_upstream("backend_tls", [up.tls])])
     conf = d / "nginx.conf"
     conf.write_text(peers.nginx_conf(d, 1, servers, upstreams, peers.PER_CONSUMER_ZONE, single_process=True))
-    proc = procs.start("nginx", [*valgrind(workdir, "nginx", simulate), "nginx", "-c", str(conf), "-p", str(d)], workdir,
+    proc = procs.start(name, [*valgrind(workdir, name, simulate), "nginx", "-c", str(conf), "-p", str(d)], workdir,
                        stop_signal=signal.SIGTERM)
     procs.wait_tcp(port, timeout=120, proc=proc)
     procs.wait_tcp(tls_port, timeout=120, proc=proc)
-    return Gateway("nginx", proc, {"proxy": ("127.0.0.1", port, "/shop/v2/products"),
-                                   "get": ("127.0.0.1", port, "/api/products"),
-                                   "secured": ("127.0.0.1", tls_port, "/shop/v2/products")})
+    return Gateway(name, proc, {"proxy": ("127.0.0.1", port, "/shop/v2/products"),
+                                "get": ("127.0.0.1", port, "/api/products"),
+                                "secured": ("127.0.0.1", tls_port, "/shop/v2/products")}, same_job)
 
 
 def start_haproxy(workdir: Path, up: Upstreams, certs: Certs, simulate: bool) -> Gateway:
@@ -243,12 +251,12 @@ userlist consumers
 
 frontend fe
     bind 127.0.0.1:{port}
-    use_backend pool if {{ path_beg /api/ }}
+{peers.haproxy_forwarding("http")}    use_backend pool if {{ path_beg /api/ }}
     default_backend be
 
 frontend fe_tls
     bind 127.0.0.1:{tls_port} ssl crt {pem} alpn http/1.1
-    stick-table type string len 64 size 10k expire 1h store http_req_rate(1h)
+{peers.haproxy_forwarding("https")}    stick-table type string len 64 size 10k expire 1h store http_req_rate(1h)
     http-request auth realm bench unless {{ http_auth(consumers) }}
     http-request track-sc0 http_auth_user
     http-request deny deny_status 429 if {{ sc_http_req_rate(0) gt 1000000000 }}
@@ -287,8 +295,8 @@ def run(bins: Path, workdir: Path, names: list[str], connections: int, warmup: i
             sluice = None
             if name == "sluice":
                 sluice, gateway = start_sluice(bins, workdir, up, certs, simulate)
-            elif name == "nginx":
-                gateway = start_nginx(workdir, up, certs, simulate)
+            elif name in ("nginx", "nginx-bare"):
+                gateway = start_nginx(workdir, up, certs, simulate, same_job=name == "nginx")
             else:
                 gateway = start_haproxy(workdir, up, certs, simulate)
             try:
@@ -316,16 +324,16 @@ def table(figures: dict) -> list[str]:
     """Markdown: instructions and allocations per request, per case and gateway, with Sluice's ratio to nginx."""
     gateways = list(figures["gateways"])
     head = ["case", *(f"{g} instr/req" for g in gateways), *(f"{g} allocs/req" for g in gateways)]
-    if "sluice" in gateways and "nginx" in gateways:
-        head.append("sluice instr vs nginx")
+    versus = [peer for peer in ("nginx", "nginx-bare") if "sluice" in gateways and peer in gateways]
+    head += [f"sluice instr vs {peer}" for peer in versus]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for case in figures["cases"]:
         row = [case]
         got = {g: figures["gateways"][g].get(case) for g in gateways}
         row += [f"{got[g]['instructions']:,.0f}" if got[g] else "–" for g in gateways]
         row += [f"{got[g]['allocations']:.1f}" if got[g] else "–" for g in gateways]
-        if "sluice instr vs nginx" in head:
-            s, n = got["sluice"], got["nginx"]
+        for peer in versus:
+            s, n = got["sluice"], got[peer]
             row.append(f"{s['instructions'] / n['instructions']:.2f}x" if s and n else "–")
         lines.append("| " + " | ".join(row) + " |")
     return lines

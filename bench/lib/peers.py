@@ -51,6 +51,8 @@ http {{
     scgi_temp_path {d}/scgi;
     keepalive_requests 1000000;
     keepalive_timeout 75s;
+    # Unique per process and request, made once per request (see FORWARDED_FIELDS).
+    map $connection_requests $gateway_request_id {{ default "$pid-$connection-$connection_requests"; }}
     {http_extra}
     {upstreams}
 {blocks}
@@ -83,16 +85,42 @@ def nginx_upstream(name: str, targets: list[str], scheme_tls: bool = False) -> s
     }}"""
 
 
-PROXY_TO = """
+# What Sluice adds to every proxied request and response unless told not
+# to (docs/operations.md, "Forwarding fields"): the peers add the same, so every gateway sends
+# the upstream the same fields (which the echo upstream returns in its body)
+# and the client the same answer. Without them the peers' requests and
+# responses were a third smaller on GET, and the comparison was not of the
+# same job. The request ID is unique per process and request, as Sluice's
+# is (a counter), and made once per request (`$gateway_request_id`, see
+# `nginx_conf`); nginx's `$request_id` would draw 16 random bytes from
+# OpenSSL per request, which under callgrind alone costs it about 8,400
+# instructions.
+FORWARDED_FIELDS = ("x-forwarded-for", "x-forwarded-proto", "x-forwarded-host", "via", "x-request-id")
+ANSWERED_FIELDS = ("via", "x-request-id")
+
+NGINX_FORWARDING = """
+            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+            proxy_set_header X-Forwarded-Proto $scheme;
+            proxy_set_header X-Forwarded-Host $http_host;
+            proxy_set_header Via "1.1 nginx";
+            proxy_set_header X-Request-Id $gateway_request_id;
+            add_header Via "1.1 nginx" always;
+            add_header X-Request-Id $gateway_request_id always;"""
+
+
+def proxy_to(scheme: str, upstream: str, same_job: bool = True) -> str:
+    """An nginx `location`'s proxying: HTTP/1.1 keep-alive to `upstream`; `same_job`: adding what Sluice
+    adds (`FORWARDED_FIELDS`), else only what nginx adds by itself (bench/profile's `nginx-bare`)."""
+    return f"""
             proxy_pass {scheme}://{upstream};
             proxy_http_version 1.1;
-            proxy_set_header Connection "";"""
+            proxy_set_header Connection "";{NGINX_FORWARDING if same_job else ""}"""
 
 
 def nginx_plain(workdir: Path, cores: int, cpus: str | None, targets: list[str],
                 locations: list[str] | None = None) -> tuple[procs.Proc, int]:
     """Plain reverse proxy (round robin over targets); `locations` adds one prefix location each (memory)."""
-    proxy = PROXY_TO.format(scheme="http", upstream="backend")
+    proxy = proxy_to("http", "backend")
     blocks = [f"location / {{{proxy}\n        }}"]
     for prefix in locations or []:
         blocks.append(f"location {prefix}/ {{{proxy}\n        }}")
@@ -100,9 +128,9 @@ def nginx_plain(workdir: Path, cores: int, cpus: str | None, targets: list[str],
     return start_nginx(workdir, cores, cpus, server, nginx_upstream("backend", targets))
 
 
-def secured_server(tls: Tls, htpasswd: Path, upstream: str) -> str:
+def secured_server(tls: Tls, htpasswd: Path, upstream: str, same_job: bool = True) -> str:
     """HTTPS in, auth_basic, a limit_req that never rejects, HTTPS (verified) to `upstream`."""
-    proxy = PROXY_TO.format(scheme="https", upstream=upstream)
+    proxy = proxy_to("https", upstream, same_job)
     return f"""listen 127.0.0.1:LISTEN_PORT ssl;
         ssl_certificate {tls.cert};
         ssl_certificate_key {tls.key};
@@ -143,6 +171,19 @@ defaults
 """
 
 
+def haproxy_forwarding(proto: str) -> str:
+    """A frontend's rules for what Sluice adds (see `FORWARDED_FIELDS`); `proto`: http or https."""
+    return f"""    option forwardfor
+    http-request set-header X-Forwarded-Proto {proto}
+    http-request set-header X-Forwarded-Host %[req.hdr(host)]
+    http-request set-header Via "1.1 haproxy"
+    unique-id-format %{{+X}}o%pid-%rt
+    unique-id-header X-Request-Id
+    http-response set-header Via "1.1 haproxy"
+    http-response set-header X-Request-Id %[unique-id]
+"""
+
+
 def haproxy_global(d: Path, threads: int) -> str:
     return f"""
 global
@@ -164,7 +205,7 @@ def start_haproxy(workdir: Path, cores: int, cpus: str | None, targets: list[str
     conf = f"""{haproxy_global(d, cores)}{HAPROXY_DEFAULTS}
 frontend fe
     bind 127.0.0.1:{port}
-    default_backend be
+{haproxy_forwarding("http")}    default_backend be
 
 backend be
     balance roundrobin

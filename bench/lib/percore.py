@@ -77,9 +77,9 @@ PINNED_TARGETS = {
 }
 
 
-def instructions_vs_nginx(figures: dict, case: str) -> float | None:
+def instructions_vs_nginx(figures: dict, case: str, peer: str = "nginx") -> float | None:
     got = figures.get("gateways", {})
-    s, n = (got.get("sluice") or {}).get(case), (got.get("nginx") or {}).get(case)
+    s, n = (got.get("sluice") or {}).get(case), (got.get(peer) or {}).get(case)
     return ratio(s["instructions"], n["instructions"]) if s and n else None
 
 

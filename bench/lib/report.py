@@ -515,7 +515,10 @@ def section_instructions(figures: dict) -> list[str]:
         "reads and writes, is much the same for each) and calls of malloc/calloc/realloc/posix_memalign per "
         "request; these do not move with the machine's load. Cases: " + cases + ". In `secured` the counted "
         "requests also pay for any TLS connection to the upstream a gateway opens meanwhile (valgrind also hides "
-        "the CPU's SHA extensions from all three).",
+        "the CPU's SHA extensions from all of them). Every gateway adds what Sluice adds by default: "
+        "`X-Forwarded-For`, `-Proto` and `-Host`, `Via` and a request ID unique per process and request to the "
+        "request, `Via` and the request ID to the answer (bench/lib/peers.py); `nginx-bare` is nginx adding none "
+        "of them, the baseline of the runs before 2026-12-06 20:50 UTC, kept for comparison.",
         "",
         *table(figures),
         "",
@@ -525,6 +528,11 @@ def section_instructions(figures: dict) -> list[str]:
                   "(`bench/profile --gateways`, which builds one).", ""]
     lines += [f"* Target {case}: {what}: {percore.instruction_verdict(figures, case, value, goal)}"
               for case, what, value, goal in percore.instruction_targets(figures)]
+    bare = [(case, percore.instructions_vs_nginx(figures, case, "nginx-bare"), goal)
+            for case, _, _, goal in percore.instruction_targets(figures)]
+    if any(value is not None for _, value, _ in bare):
+        lines += ["", "Against `nginx-bare`, which does less (see above), the same targets would read: " + "; ".join(
+            f"{case} {verdict(value, goal, False)}" for case, value, goal in bare if value is not None) + "."]
     return lines + [""]
 
 def notes() -> list[str]:
