@@ -93,16 +93,21 @@ pub(super) struct Connection {
     /// connection, not in the head: no allocation per response, and a head
     /// small enough to move cheaply through the polls that return it.
     fields: Vec<Field>,
-    /// The deadline of the exchange on the connection, made at its first
-    /// and moved on for each next one. Moving a registered timer later is an
-    /// atomic update (the runtime re-files it when the old deadline comes);
-    /// a timer per request was filed in the runtime's timer wheel and taken
-    /// out again every time, under the wheel's lock. While the connection is
-    /// idle, the timer keeps the waker of the last request's task: the next
-    /// exchange replaces it, or the old deadline wakes that task once for
-    /// nothing. At most one such task per idle connection is kept, which is
-    /// cheaper than clearing the waker at the end of every exchange.
+    /// The timer of the exchange's deadline, made at the connection's first
+    /// exchange and kept: a timer per request was filed in the runtime's
+    /// timer wheel and taken out again every time, under the wheel's lock.
+    /// It is moved only to an earlier deadline; a later one (each request's
+    /// deadline is usually later than the last) is left in `ends_at`, and
+    /// when the timer fires before it, `poll_deadline` moves it there then.
+    /// So the timer is reset about once per request timeout, not once per
+    /// request. While the connection is idle, the timer keeps the waker of
+    /// the last request's task: the next exchange replaces it, or the old
+    /// deadline wakes that task once for nothing. At most one such task per
+    /// idle connection is kept, which is cheaper than clearing the waker at
+    /// the end of every exchange.
     deadline: Option<Pin<Box<Sleep>>>,
+    /// The deadline of the exchange in progress (or the last one).
+    ends_at: Instant,
     /// While a response body reads from the connection: where the
     /// connection goes back to once the body has ended cleanly, and for how
     /// long it may then stay idle; `None` when it may not carry another request.
@@ -128,6 +133,7 @@ impl Connection {
             written: 0,
             fields: Vec::new(),
             deadline: None,
+            ends_at: Instant::now(),
             return_to: None,
             head_as_sent: None,
         })
@@ -186,9 +192,12 @@ impl Connection {
         own: OwnHeads<'_>,
     ) -> impl Future<Output = Result<Response<ResponseBody>, ExchangeError>> + use<> {
         match self.deadline.as_mut() {
+            // Fires first and is moved on then, if the exchange still waits (see `poll_deadline`).
+            Some(timer) if timer.deadline() <= deadline => {}
             Some(timer) => timer.as_mut().reset(deadline),
             None => self.deadline = Some(Box::pin(tokio::time::sleep_until(deadline))),
         }
+        self.ends_at = deadline;
         let (parts, body) = request.into_parts();
         let forwarding = own.forwarding.map(|forwarding| (forwarding, &home.host_header));
         let outgoing =
@@ -277,8 +286,15 @@ impl Connection {
 
     /// `Ready` once the exchange's deadline has passed.
     fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<Result<Head, ExchangeError>> {
-        let passed = self.deadline.as_mut().is_some_and(|timer| timer.as_mut().poll(cx).is_ready());
-        if passed { Poll::Ready(Err(ExchangeError::TimedOut)) } else { Poll::Pending }
+        let Some(timer) = self.deadline.as_mut() else { return Poll::Pending };
+        while timer.as_mut().poll(cx).is_ready() {
+            if timer.deadline() >= self.ends_at {
+                return Poll::Ready(Err(ExchangeError::TimedOut));
+            }
+            // An earlier exchange's deadline: on to this one's.
+            timer.as_mut().reset(self.ends_at);
+        }
+        Poll::Pending
     }
 
     /// Reads until a whole head is buffered and parses it; `Ok(None)` for an
@@ -978,6 +994,48 @@ mod tests {
         assert!(started.elapsed() >= Duration::from_millis(100));
         read_until(&mut far, b"GET /three HTTP/1.1\r\n").await;
         assert!(target.connections.take_idle().is_none(), "a connection that timed out is not reused");
+    }
+
+    #[tokio::test]
+    async fn a_later_deadline_outlasts_the_timer_set_for_an_earlier_one() {
+        let (connection, mut far, target, _pool) = loopback().await;
+        let exchange = tokio::spawn(connection.exchange(
+            get("/one"),
+            target.clone(),
+            Instant::now() + Duration::from_millis(50),
+            OwnHeads::default(),
+        ));
+        read_until(&mut far, b"\r\n\r\n").await;
+        far.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await.unwrap();
+        exchange.await.unwrap().unwrap();
+
+        // The first deadline passes while this exchange waits for its answer, which comes before its own.
+        let connection = target.connections.take_idle().expect("idle after the 204");
+        let started = Instant::now();
+        let exchange = tokio::spawn(connection.exchange(
+            get("/two"),
+            target.clone(),
+            started + Duration::from_millis(400),
+            OwnHeads::default(),
+        ));
+        read_until(&mut far, b"GET /two HTTP/1.1\r\n").await;
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        far.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await.unwrap();
+        let outcome = exchange.await.unwrap();
+        assert!(outcome.is_ok(), "cut short by the earlier exchange's deadline: {outcome:?}");
+
+        // With no answer, it ends at its own deadline, not before.
+        let connection = target.connections.take_idle().expect("idle after the second 204");
+        let started = Instant::now();
+        let exchange = connection.exchange(
+            get("/three"),
+            target.clone(),
+            started + Duration::from_millis(300),
+            OwnHeads::default(),
+        );
+        let outcome = tokio::time::timeout(Duration::from_secs(10), exchange).await.expect("ended by its deadline");
+        assert!(matches!(outcome, Err(ExchangeError::TimedOut)), "{outcome:?}");
+        assert!(started.elapsed() >= Duration::from_millis(300));
     }
 
     #[tokio::test]
