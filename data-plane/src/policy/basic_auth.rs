@@ -6,7 +6,6 @@
 //! key. A username that failed too often is refused before any hash runs
 //! (`auth_failures`), and an unknown username costs what a known one does.
 
-use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -19,6 +18,7 @@ use sluice_proto::v1;
 
 use super::auth_failures::{LoginGuard, Subject};
 use super::password::{Busy, StoredHash};
+use crate::fast_map::FastMap;
 
 /// Verified credentials remembered per process. At 10,000 distinct good
 /// credentials the oldest-known is not tracked; an arbitrary one is dropped
@@ -59,7 +59,7 @@ pub enum Presented {
 #[derive(Debug)]
 pub struct BasicAuth {
     challenge: HeaderValue,
-    users: HashMap<String, Arc<User>>,
+    users: FastMap<String, Arc<User>>,
     /// Checked for unknown usernames, at the cost of the known ones.
     decoy: Arc<StoredHash>,
     cache: Arc<LoginCache>,
@@ -80,7 +80,7 @@ impl BasicAuth {
         let challenge =
             HeaderValue::from_str(&format!("Basic realm=\"{}\", charset=\"UTF-8\"", realm.replace('"', "'")))
                 .map_err(|_| format!("realm `{realm}` cannot be sent in a header"))?;
-        let mut users = HashMap::new();
+        let mut users = FastMap::default();
         let mut decoy = None;
         for consumer in consumers.iter().filter(|c| !c.basic_auth_password_hash.is_empty()) {
             let hash = StoredHash::parse(&consumer.basic_auth_password_hash)
@@ -156,7 +156,9 @@ impl BasicAuth {
 pub struct LoginCache {
     /// Keyed once: cloning the keyed state skips hashing the key's pads per request.
     mac: Hmac<Sha256>,
-    entries: RwLock<HashMap<[u8; 32], Arc<str>>>,
+    /// Not SipHash: a key is an HMAC under the process's secret key, so no
+    /// client can choose keys that collide.
+    entries: RwLock<FastMap<[u8; 32], Arc<str>>>,
 }
 
 impl std::fmt::Debug for LoginCache {
