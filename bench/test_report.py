@@ -34,7 +34,8 @@ def run(pin: bool, scenarios: dict) -> dict:
                      "kernel": "6.0", "loadavg_start": ["1", "1", "1"], "loadavg_end": ["1", "1", "1"],
                      "rustc": "rustc 1.95.0", "nginx": "1.22.1", "haproxy": "2.6", "wrk": "wrk 4.1.0",
                      "commit": "abc1234", "binaries_built": "2026-12-02 11:00 UTC", "pin": pin, "quick": False,
-                     "rounds": 3, "duration": 10.0, "warmup": 3.0, "placement": placement},
+                     "rounds": 3, "duration": 10.0, "warmup": 3.0, "placement": placement,
+                     "same_job": True},
             "scenarios": {name: {"uptime_before": ["1", "1", "1"], "connections": 175, "body_bytes": 1066,
                                  "upstreams": 3, **s} for name, s in scenarios.items()}}
 
@@ -179,6 +180,21 @@ class ReportTest(unittest.TestCase):
             self.assertIn("* Unpinned run: `bench/results/unpinned.json`", md)
             with self.assertRaisesRegex(ValueError, "two pinned files given"):
                 saved.load(d.bench, [other, d.bench / "results" / "pinned.json"])
+
+    def test_a_run_from_before_the_same_job_says_its_peers_did_less(self):
+        older = pinned_run()
+        del older["meta"]["same_job"]
+        older["meta"]["date"] = "2026-12-06 16:37 UTC"
+        newer = unpinned_run()
+        del newer["meta"]["same_job"]
+        newer["meta"]["date"] = "2026-12-07 00:09 UTC"
+        with BenchDir(pinned=older, unpinned=newer, instructions=instructions()) as d:
+            md = d.markdown()
+        self.assertIn("Sluice at git abc1234 (release binaries built 2026-12-02 11:00 UTC) — nginx and HAProxy then "
+                      "added none of the fields Sluice adds (runs before 2026-12-06 20:50 UTC), so they did less work "
+                      "than Sluice.\n* Unpinned run", md)
+        self.assertIn("* Unpinned run: `bench/results/unpinned.json`, `bench/run` on 2026-12-07 00:09 UTC, Sluice at "
+                      "git abc1234 (release binaries built 2026-12-02 11:00 UTC).\n", md)
 
     def test_runs_saved_before_the_per_core_figures_get_them_from_their_runs(self):
         old = pinned_run()

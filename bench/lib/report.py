@@ -339,11 +339,19 @@ def markdown(src: Sources, chart_name: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+# When nginx and HAProxy began to add what Sluice adds to requests and answers (bench/README.md, "The same job").
+# Runs from then on record `same_job` in their meta; an older run is told by its date.
+SAME_JOB_SINCE = "2026-12-06 20:50 UTC"
+
+
 def run_line(kind: str, results: dict) -> str:
     m = results["meta"]
     quick = " — a `--quick` smoke run, rough figures" if m.get("quick") else ""
+    bare = "" if m.get("same_job", m["date"] >= SAME_JOB_SINCE) else (
+        " — nginx and HAProxy then added none of the fields Sluice adds (runs before "
+        f"{SAME_JOB_SINCE}), so they did less work than Sluice")
     return (f"`{KINDS[kind][1]}` on {m['date']}, Sluice at git {m['commit']} (release binaries built "
-            f"{m.get('binaries_built', '?')}){quick}")
+            f"{m.get('binaries_built', '?')}){quick}{bare}")
 
 
 def made_from(src: Sources) -> list[str]:
