@@ -981,17 +981,7 @@ mod tests {
         exchange.await.unwrap().unwrap();
 
         // A deadline earlier than the last one, to a target that never answers.
-        let connection = target.connections.take_idle().expect("idle after the second 204");
-        let started = Instant::now();
-        let exchange = connection.exchange(
-            get("/three"),
-            target.clone(),
-            started + Duration::from_millis(100),
-            OwnHeads::default(),
-        );
-        let outcome = tokio::time::timeout(Duration::from_secs(10), exchange).await.expect("ended by its deadline");
-        assert!(matches!(outcome, Err(ExchangeError::TimedOut)), "{outcome:?}");
-        assert!(started.elapsed() >= Duration::from_millis(100));
+        times_out_after(&target, "/three", Duration::from_millis(100)).await;
         read_until(&mut far, b"GET /three HTTP/1.1\r\n").await;
         assert!(target.connections.take_idle().is_none(), "a connection that timed out is not reused");
     }
@@ -1025,17 +1015,19 @@ mod tests {
         assert!(outcome.is_ok(), "cut short by the earlier exchange's deadline: {outcome:?}");
 
         // With no answer, it ends at its own deadline, not before.
+        times_out_after(&target, "/three", Duration::from_millis(300)).await;
+    }
+
+    /// Sends `path` on the target's idle connection with a deadline `after`
+    /// from now, to a far end that does not answer: the exchange times out,
+    /// and not before its deadline.
+    async fn times_out_after(target: &Arc<Target>, path: &str, after: Duration) {
         let connection = target.connections.take_idle().expect("idle after the second 204");
         let started = Instant::now();
-        let exchange = connection.exchange(
-            get("/three"),
-            target.clone(),
-            started + Duration::from_millis(300),
-            OwnHeads::default(),
-        );
+        let exchange = connection.exchange(get(path), target.clone(), started + after, OwnHeads::default());
         let outcome = tokio::time::timeout(Duration::from_secs(10), exchange).await.expect("ended by its deadline");
         assert!(matches!(outcome, Err(ExchangeError::TimedOut)), "{outcome:?}");
-        assert!(started.elapsed() >= Duration::from_millis(300));
+        assert!(started.elapsed() >= after);
     }
 
     #[tokio::test]
