@@ -21,7 +21,7 @@ mod size_limit;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use http::{HeaderMap, Method, Request, Response, StatusCode, header};
+use http::{HeaderMap, HeaderName, Method, Request, Response, StatusCode, header};
 use http_body_util::BodyExt;
 use sluice_proto::v1;
 use sluice_proto::v1::policy::Kind;
@@ -91,6 +91,10 @@ pub struct PolicyChain {
     rate_limit: Option<Arc<RateLimiter>>,
     headers: Option<Box<HeaderPolicy>>,
     openapi: Option<Arc<SpecValidator>>,
+    /// See `request_fields_read` and `answer_fields_set`; made once the
+    /// policies are compiled, as both are asked on every request.
+    request_fields: Option<Box<[HeaderName]>>,
+    answer_fields: Option<&'static [HeaderName]>,
 }
 
 /// Why the chain stopped before (or after) forwarding.
@@ -150,6 +154,8 @@ impl PolicyChain {
             rate_limit: None,
             headers: None,
             openapi: None,
+            request_fields: None,
+            answer_fields: None,
         };
         for kind in api.policies.iter().filter_map(|p| p.kind.as_ref()) {
             let name = sluice_proto::policy_name(kind);
@@ -192,12 +198,25 @@ impl PolicyChain {
             let old = previous.and_then(|p| p.openapi.as_ref());
             chain.openapi = Some(SpecValidator::compile(spec, binding, api, old)?);
         }
+        chain.request_fields = chain.fields_read();
+        chain.answer_fields = chain.fields_set();
         Ok(chain)
     }
 
     /// An API without policies goes straight to the upstream (see `apply`).
     pub fn is_empty(&self) -> bool {
-        let PolicyChain { api: _, cors, ip_restriction, size_limit, auth, rate_limit, headers, openapi } = self;
+        let PolicyChain {
+            api: _,
+            cors,
+            ip_restriction,
+            size_limit,
+            auth,
+            rate_limit,
+            headers,
+            openapi,
+            request_fields: _,
+            answer_fields: _,
+        } = self;
         cors.is_none()
             && ip_restriction.is_none()
             && size_limit.is_none()
@@ -205,6 +224,44 @@ impl PolicyChain {
             && rate_limit.is_none()
             && headers.is_none()
             && openapi.is_none()
+    }
+
+    /// The request fields the chain's policies read or edit, when they
+    /// touch no others: only these need be in the request's map, the rest
+    /// may stay as the client sent them (see `HeadFields::moving`). `None`
+    /// when a policy reads fields it does not name: CORS, header rules,
+    /// request validation.
+    pub fn request_fields_read(&self) -> Option<&[HeaderName]> {
+        self.request_fields.as_deref()
+    }
+
+    fn fields_read(&self) -> Option<Box<[HeaderName]>> {
+        let validates_requests = self.openapi.as_ref().is_some_and(|spec| spec.validates_requests());
+        if self.cors.is_some() || self.headers.is_some() || validates_requests {
+            return None;
+        }
+        let declared_size = self.size_limit.as_ref().map(|_| header::CONTENT_LENGTH);
+        let rate_key = self.rate_limit.as_ref().and_then(|limiter| limiter.field_read()).cloned();
+        Some(declared_size.into_iter().chain(self.auth.fields_read()).chain(rate_key).collect())
+    }
+
+    /// The fields the chain sets on a forwarded answer, replacing any the
+    /// target sent, when setting them is all it does to the answer's head:
+    /// then the target's fields may stay as it sent them, out of a map (see
+    /// `ResponseBody::fields_as_sent`), and the client's writer leaves these
+    /// out of them. `None` when a policy reads the answer's fields or edits
+    /// them otherwise: CORS (it looks into `Vary`), header rules, response
+    /// validation.
+    pub fn answer_fields_set(&self) -> Option<&'static [HeaderName]> {
+        self.answer_fields
+    }
+
+    fn fields_set(&self) -> Option<&'static [HeaderName]> {
+        let validates_answers = self.openapi.as_ref().is_some_and(|spec| spec.validates_responses());
+        if self.cors.is_some() || self.headers.is_some() || validates_answers {
+            return None;
+        }
+        Some(if self.rate_limit.is_some() { &rate_limit::RATELIMIT_FIELDS } else { &[] })
     }
 
     /// Whether a CORS preflight to this API is answered by the gateway (the
@@ -399,4 +456,69 @@ fn apply_is_send(chain: &PolicyChain, request: Request<RequestBody>, consumer: &
     let context =
         RequestContext { instance: "/", request_id: &id, client_ip: IpAddr::from([127, 0, 0, 1]), body: None };
     send(chain.apply(request, context, consumer, forward));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chain(kinds: Vec<Kind>) -> PolicyChain {
+        let policies = kinds.into_iter().map(|kind| v1::Policy { kind: Some(kind) }).collect();
+        let api = v1::Api { name: "shop".into(), path_prefix: "/".into(), policies, ..Default::default() };
+        let snapshot = v1::Snapshot { api_key_hmac_key: b"key".to_vec(), ..Default::default() };
+        let consumers = Arc::new(ConsumerTags::new(&snapshot.consumers));
+        PolicyChain::compile(&api, &snapshot, &consumers, None, &PolicyContext::local()).unwrap()
+    }
+
+    fn names(fields: Option<&[HeaderName]>) -> Option<Vec<&str>> {
+        fields.map(|fields| fields.iter().map(HeaderName::as_str).collect())
+    }
+
+    /// What the request's writer and the client's writer leave out of the
+    /// fields kept as sent, and what goes into the maps, follows from these:
+    /// a policy that reads or sets a field this list does not name would
+    /// read nothing there, or the client would get the target's value too.
+    #[test]
+    fn a_chain_names_the_fields_it_reads_and_sets_unless_one_of_its_policies_may_touch_any() {
+        let rate_limit = |key: v1::RateLimitKey, header: &str| {
+            let spec = v1::RateLimit {
+                requests: 5,
+                period_seconds: 60,
+                key: key as i32,
+                header: header.into(),
+                ..Default::default()
+            };
+            Kind::RateLimit(spec)
+        };
+        let basic = Kind::BasicAuth(v1::BasicAuth { realm: "shop".into() });
+        let api_key = Kind::ApiKey(v1::ApiKeyAuth { header: "X-Api-Key".into(), query_param: "key".into() });
+        let size_limit = Kind::RequestSizeLimit(v1::RequestSizeLimit { max_bytes: 16 });
+        let allow = Kind::IpRestriction(v1::IpRestriction { allow: vec!["127.0.0.1/32".into()], deny: Vec::new() });
+        let cors = Kind::Cors(v1::Cors { allow_origins: vec!["https://a.example".into()], ..Default::default() });
+        let rules = v1::HeaderRules { remove: vec!["x-secret".into()], ..Default::default() };
+        let header_rules = Kind::Headers(v1::Headers { request: Some(rules), response: None });
+        let limit_fields = Some(vec!["ratelimit-limit", "ratelimit-remaining", "ratelimit-reset", "ratelimit-policy"]);
+        for (what, kinds, read, set) in [
+            ("none", vec![], Some(vec![]), Some(vec![])),
+            ("ip restriction", vec![allow], Some(vec![]), Some(vec![])),
+            (
+                "the secured scenario's",
+                vec![basic.clone(), rate_limit(v1::RateLimitKey::Consumer, "")],
+                Some(vec!["authorization"]),
+                limit_fields.clone(),
+            ),
+            (
+                "size, key and a limit by header",
+                vec![size_limit, api_key, rate_limit(v1::RateLimitKey::Header, "X-Tenant")],
+                Some(vec!["content-length", "x-api-key", "x-tenant"]),
+                limit_fields,
+            ),
+            ("cors", vec![cors, basic.clone()], None, None),
+            ("header rules", vec![header_rules, basic], None, None),
+        ] {
+            let chain = chain(kinds);
+            assert_eq!(names(chain.request_fields_read()), read, "{what}");
+            assert_eq!(names(chain.answer_fields_set()), set, "{what}");
+        }
+    }
 }

@@ -352,7 +352,7 @@ fn answer<'a>(
 #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see proxy::answer)")]
 fn route_and_forward<'a>(
     mut request: Request<RequestBody>,
-    mut as_sent: Option<HeadFields<'a>>,
+    as_sent: Option<HeadFields<'a>>,
     id_value: &'a mut Option<HeaderValue>,
     shared: &'a Shared,
     peer: &'a Peer,
@@ -418,8 +418,15 @@ fn route_and_forward<'a>(
             let outgoing = forward::Outgoing::rewrite(api, request, as_sent, raw_path, taken, peer, options, exchange)?;
             return forward::send(api, outgoing, peer, exchange).await;
         }
-        // The policies read and change the request's fields in its map.
-        inbound::into_map(&mut as_sent, request.headers_mut(), &exchange.request_id, id_value)?;
+        // The policies read and change the request's fields in its map: only
+        // those they name, where they name them all (the rest stay as sent).
+        let as_sent = match (api.policies.request_fields_read(), as_sent) {
+            (Some(read), Some(fields)) => Some(inbound::moved_into_map(fields, read, request.headers_mut())?),
+            (_, mut as_sent) => {
+                inbound::into_map(&mut as_sent, request.headers_mut(), &exchange.request_id, id_value)?;
+                as_sent
+            }
+        };
         let body = exchange.request_body.clone();
         let (path, request_id) = (exchange.path.clone(), exchange.request_id);
         let context =
@@ -429,7 +436,7 @@ fn route_and_forward<'a>(
             let exchange = &mut *exchange;
             api.policies
                 .apply(request, context, &mut consumer, move |request| {
-                    forward::forward(api, request, None, raw_path, taken, peer, options, exchange)
+                    forward::forward(api, request, as_sent, raw_path, taken, peer, options, exchange)
                 })
                 .await
         };

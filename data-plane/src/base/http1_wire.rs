@@ -63,12 +63,15 @@ pub struct HeadFields<'f> {
     /// A field the gateway adds after them (the request ID), kept as bytes
     /// until it is written: a header value of it would be an allocation.
     added: Option<(&'f HeaderName, &'f [u8])>,
+    /// The names of the fields moved into the request's map, where the
+    /// policies read and edit them (see `moving`): left out here.
+    moved: &'f [HeaderName],
 }
 
 impl<'f> HeadFields<'f> {
     /// The fields `fields` says lie in `head`.
     pub fn new(head: &'f Bytes, fields: &'f [Field]) -> Self {
-        HeadFields { head, fields, added: None }
+        HeadFields { head, fields, added: None, moved: &[] }
     }
 
     /// The same fields, and after them `name: value`, a field the gateway adds.
@@ -81,10 +84,26 @@ impl<'f> HeadFields<'f> {
         self.added
     }
 
-    /// Each field's name (as spelled) and value, in order.
+    /// The same fields less those named `names` (names of lower-case
+    /// letters, digits and `-`, as every `HeaderName`), which are appended
+    /// to `headers`: the fields a step reads or edits in a map, the others
+    /// staying where they are.
+    pub fn moving(self, names: &'f [HeaderName], headers: &mut HeaderMap) -> Result<Self, InvalidField> {
+        let head = self.head;
+        append_fields(headers, head, self.fields.iter().filter(|field| is_one_of(field.name_in(head), names)))?;
+        Ok(HeadFields { moved: names, ..self })
+    }
+
+    /// The names of the fields moved into a map (see `moving`), which a
+    /// writer of these fields leaves out.
+    pub fn moved(self) -> &'f [HeaderName] {
+        self.moved
+    }
+
+    /// Each field's name (as spelled) and value, in order, those moved into a map included.
     pub fn iter(self) -> impl Iterator<Item = (&'f [u8], &'f [u8])> {
         let head: &'f [u8] = self.head;
-        self.fields.iter().map(move |field| (&head[field.name.0..field.name.1], &head[field.value.0..field.value.1]))
+        self.fields.iter().map(move |field| (field.name_in(head), &head[field.value.0..field.value.1]))
     }
 
     /// The values of the fields named `name` (see `is_named`), in any case.
@@ -93,9 +112,10 @@ impl<'f> HeadFields<'f> {
     }
 
     /// Appends the client's fields to `headers` (not the one the gateway
-    /// adds, whose value the caller may hold already).
+    /// adds, whose value the caller may hold already, nor those moved there before).
     pub fn append_to(self, headers: &mut HeaderMap) -> Result<(), InvalidField> {
-        append_fields(headers, self.head, self.fields)
+        let (head, moved) = (self.head, self.moved);
+        append_fields(headers, head, self.fields.iter().filter(|field| !is_one_of(field.name_in(head), moved)))
     }
 }
 
@@ -121,6 +141,11 @@ pub fn range(head: &[u8], part: &[u8]) -> (usize, usize) {
 impl Field {
     pub fn of(head: &[u8], field: &httparse::Header<'_>) -> Field {
         Field { name: range(head, field.name.as_bytes()), value: range(head, field.value) }
+    }
+
+    /// The field's name as spelled in `head`, the head it was parsed from.
+    fn name_in<'h>(&self, head: &'h [u8]) -> &'h [u8] {
+        &head[self.name.0..self.name.1]
     }
 }
 
@@ -182,6 +207,11 @@ pub fn is_named(spelled: &[u8], lower: &str) -> bool {
     same_in_any_case(spelled, lower.as_bytes())
 }
 
+/// Whether a field's name as spelled on the wire is one of `names`.
+pub fn is_one_of(spelled: &[u8], names: &[HeaderName]) -> bool {
+    names.iter().any(|name| is_named(spelled, name.as_str()))
+}
+
 /// The bit that tells an ASCII letter's cases apart.
 const CASE_BIT: u8 = 0x20;
 
@@ -208,11 +238,15 @@ fn same_in_any_case(spelled: &[u8], lower: &[u8]) -> bool {
 }
 
 /// Appends `fields`, as they lie in `head`, to `headers`; the values share `head`'s bytes.
-pub fn append_fields(headers: &mut HeaderMap, head: &Bytes, fields: &[Field]) -> Result<(), InvalidField> {
+pub fn append_fields<'f>(
+    headers: &mut HeaderMap,
+    head: &Bytes,
+    fields: impl IntoIterator<Item = &'f Field>,
+) -> Result<(), InvalidField> {
     for field in fields {
         // httparse has held names to the token grammar and values to
         // visible characters, spaces and tabs, as these check again.
-        let spelled = &head[field.name.0..field.name.1];
+        let spelled = field.name_in(head);
         let name = match common_name(spelled) {
             Some(name) => name,
             None => HeaderName::from_bytes(spelled).map_err(|_| InvalidField)?,
@@ -375,6 +409,23 @@ mod tests {
         for other in others.split_whitespace().chain([""]) {
             assert_eq!(common_name(other.as_bytes()), None, "{other}");
         }
+    }
+
+    #[test]
+    fn fields_moved_into_a_map_are_there_in_order_and_nowhere_else() {
+        let (head, fields) =
+            fields_of("Host: h\r\nAuthorization: Basic a\r\nX-Kept: 1\r\nAUTHORIZATION: Basic b\r\nX-Key: k\r\n\r\n");
+        let names = [header::AUTHORIZATION, HeaderName::from_static("x-key")];
+        let mut map = HeaderMap::new();
+        let kept = HeadFields::new(&head, &fields).moving(&names, &mut map).unwrap();
+        let moved: Vec<_> = map.get_all(header::AUTHORIZATION).iter().map(HeaderValue::as_bytes).collect();
+        assert_eq!(moved, [b"Basic a".as_slice(), b"Basic b"]);
+        assert_eq!(map["x-key"], "k");
+        assert_eq!(map.len(), 3);
+        assert_eq!(kept.moved(), names);
+        // The rest follow them into a map, once each.
+        kept.append_to(&mut map).unwrap();
+        assert_eq!((map.len(), map.get_all(header::AUTHORIZATION).iter().count()), (5, 2));
     }
 
     #[test]

@@ -84,6 +84,17 @@ impl Authentication {
         self.basic.is_some() || self.api_key.is_some() || self.jwt.is_some()
     }
 
+    /// The request fields authentication reads or removes: the credentials.
+    /// The others it reads never stay as the client sent them (see
+    /// `proxy::inbound::fields_stay_as_sent`): `X-Forwarded-For` (the client
+    /// behind trusted proxies) is the gateway's to replace, and a client's
+    /// `X-Consumer-Username` is dropped before any policy runs.
+    pub fn fields_read(&self) -> impl Iterator<Item = HeaderName> + '_ {
+        let authorization = (self.basic.is_some() || self.jwt.is_some()).then_some(AUTHORIZATION);
+        let api_key = self.api_key.as_ref().and_then(|api_key| api_key.header()).cloned();
+        authorization.into_iter().chain(api_key)
+    }
+
     /// The consumer, `None` when the API has no authentication. A client
     /// address that failed too often lately gets 429 before anything is
     /// checked. Methods are tried cheapest first (one HMAC, one signature

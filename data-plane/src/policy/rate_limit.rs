@@ -57,10 +57,13 @@ use local::LocalBuckets;
 /// an outage every request fails the same way, and the log must stay usable.
 pub const WARN_INTERVAL: Duration = Duration::from_secs(30);
 
-pub static RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
-pub static RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
-pub static RATELIMIT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
-pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+pub const RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
+pub const RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
+pub const RATELIMIT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// Every field the policy sets on an answer, replacing the target's.
+pub static RATELIMIT_FIELDS: [HeaderName; 4] =
+    [RATELIMIT_LIMIT, RATELIMIT_REMAINING, RATELIMIT_RESET, RATELIMIT_POLICY];
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RateLimitError {
@@ -100,12 +103,12 @@ pub struct RateHeaders {
 impl RateHeaders {
     /// Sets the headers on a response, replacing any the upstream sent.
     pub fn write_to(self, headers: &mut HeaderMap) {
-        headers.insert(RATELIMIT_LIMIT.clone(), self.limit);
+        headers.insert(RATELIMIT_LIMIT, self.limit);
         if let Some((remaining, reset)) = self.remaining_and_reset {
-            headers.insert(RATELIMIT_REMAINING.clone(), number_value(remaining));
-            headers.insert(RATELIMIT_RESET.clone(), number_value(reset));
+            headers.insert(RATELIMIT_REMAINING, number_value(remaining));
+            headers.insert(RATELIMIT_RESET, number_value(reset));
         }
-        headers.insert(RATELIMIT_POLICY.clone(), self.policy);
+        headers.insert(RATELIMIT_POLICY, self.policy);
     }
 
     /// The headers as a response would carry them.
@@ -256,6 +259,18 @@ pub struct RateLimiter {
     last_warning: AtomicU64,
 }
 
+impl RateLimiter {
+    /// The request field the buckets are keyed by, if any (the client's
+    /// address behind trusted proxies comes from `X-Forwarded-For`, which
+    /// never stays as the client sent it: see `Authentication::fields_read`).
+    pub fn field_read(&self) -> Option<&HeaderName> {
+        match &self.key {
+            KeyKind::Header(name) => Some(name),
+            _ => None,
+        }
+    }
+}
+
 impl std::fmt::Debug for RateLimiter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RateLimiter")
@@ -404,8 +419,8 @@ impl RateLimiter {
         );
         let headers = response.headers_mut();
         headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        headers.insert(RATELIMIT_LIMIT.clone(), self.limit_header.clone());
-        headers.insert(RATELIMIT_POLICY.clone(), self.policy_header.clone());
+        headers.insert(RATELIMIT_LIMIT, self.limit_header.clone());
+        headers.insert(RATELIMIT_POLICY, self.policy_header.clone());
         RateDecision::Limited { response }
     }
 

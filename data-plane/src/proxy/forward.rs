@@ -245,8 +245,8 @@ pub(super) fn send<'a>(
             let own = OwnHeads {
                 forwarding: outgoing.forwarding,
                 as_sent: outgoing.as_sent,
-                // No policy may see or change the target's header fields when they stay out of the map.
-                fields_as_sent: exchange.fields_as_sent && api.policies.is_empty(),
+                // Out of the map only where no policy reads them or edits them but by setting its own.
+                fields_as_sent: exchange.fields_as_sent && api.policies.answer_fields_set().is_some(),
             };
             match pool.send(&target, request, api.connect_timeout, upgrade, deadline, own).await {
                 Ok(response) => {

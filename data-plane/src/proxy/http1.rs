@@ -315,6 +315,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientConnection<S> {
         let as_sent = body.fields_as_sent().map(|fields| AsSent {
             fields,
             replaced,
+            set_by_policies: exchange.api.as_ref().and_then(|api| api.policies.answer_fields_set()).unwrap_or(&[]),
             via: own_via(parts.version),
             request_id: Some(&exchange.request_id),
         });
@@ -566,11 +567,12 @@ fn encode_head<'a>(
     let no_content = status.is_informational() || status == StatusCode::NO_CONTENT;
     let bodiless = no_content || head_request || status == StatusCode::NOT_MODIFIED;
     let (mut dated, mut declared) = (false, None);
-    if let Some(AsSent { fields, replaced, via, request_id }) = as_sent {
+    if let Some(AsSent { fields, replaced, set_by_policies, via, request_id }) = as_sent {
         // No hop-by-hop field is among them (see `ResponseBody::fields_as_sent`).
         let replaced = replaced.as_str().as_bytes();
         for (name, value) in fields {
-            if name.eq_ignore_ascii_case(replaced) {
+            let set_by_policy = || set_by_policies.iter().any(|set| http1_wire::is_named(name, set.as_str()));
+            if name.eq_ignore_ascii_case(replaced) || set_by_policy() {
                 continue;
             }
             if name.eq_ignore_ascii_case(b"content-length") {
@@ -615,9 +617,13 @@ fn encode_head<'a>(
 
 /// A target's header fields as it sent them, and what the gateway adds to
 /// them: its `Via` entry, and its request ID under the name `replaced`.
+/// The fields named in `set_by_policies` are left out: the API's policies
+/// set their own, which the response's map carries (see
+/// `PolicyChain::answer_fields_set`).
 struct AsSent<'r, I> {
     fields: I,
     replaced: &'r HeaderName,
+    set_by_policies: &'r [HeaderName],
     via: &'static str,
     request_id: Option<&'r RequestId>,
 }
@@ -754,20 +760,25 @@ mod tests {
     }
 
     #[test]
-    fn a_targets_fields_as_sent_go_first_less_its_framing_and_id_then_the_gateways_via_and_id() {
-        let map = HeaderMap::new();
+    fn a_targets_fields_as_sent_go_first_less_its_framing_id_and_policy_fields_then_the_gateways() {
+        let mut map = HeaderMap::new();
+        map.insert("ratelimit-limit", HeaderValue::from_static("5"));
         let ours = RequestId::parse(b"ours").unwrap();
-        let fields: [(&[u8], &[u8]); 5] = [
+        let fields: [(&[u8], &[u8]); 7] = [
             (b"Content-Type", b"text/plain"),
             (b"Content-Length", b"99"),
             (b"X-Request-ID", b"theirs"),
+            (b"RateLimit-Limit", b"999"),
             (b"Via", b"1.0 inner"),
+            (b"RATELIMIT-POLICY", b"999;w=1"),
             (b"Date", b"then"),
         ];
         let replaced = HeaderName::from_static("x-request-id");
+        let set_by_policies = [HeaderName::from_static("ratelimit-limit"), HeaderName::from_static("ratelimit-policy")];
         let as_sent = Some(AsSent {
             fields: fields.into_iter(),
             replaced: &replaced,
+            set_by_policies: &set_by_policies,
             via: "1.1 sluice",
             request_id: Some(&ours),
         });
@@ -776,7 +787,7 @@ mod tests {
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nVia: 1.0 inner\r\nDate: then\r\n\
-             via: 1.1 sluice\r\nx-request-id: ours\r\ncontent-length: 5\r\n\r\n"
+             via: 1.1 sluice\r\nx-request-id: ours\r\nratelimit-limit: 5\r\ncontent-length: 5\r\n\r\n"
         );
         assert!(matches!(encoder, BodyEncoder::Length(5)));
     }

@@ -209,6 +209,18 @@ pub(super) fn into_map(
     Ok(())
 }
 
+/// Moves the fields named `read` out of those kept as sent into the
+/// request's map, for the policies that read or change them there (see
+/// `PolicyChain::request_fields_read`); the others stay as sent.
+pub(super) fn moved_into_map<'f>(
+    fields: HeadFields<'f>,
+    read: &'f [HeaderName],
+    headers: &mut HeaderMap,
+) -> Result<HeadFields<'f>, ProxyError> {
+    // As in `into_map`: httparse held them to the grammar the map checks again.
+    fields.moving(read, headers).map_err(|e| ProxyError::BadRequest(e.to_string()))
+}
+
 /// One field's part of `fields_stay_as_sent`.
 #[inline]
 fn field_stays_as_sent(name: &[u8], value: &[u8], request_id: &[u8]) -> bool {

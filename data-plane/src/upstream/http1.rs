@@ -31,7 +31,7 @@ use tokio_util::io::poll_read_buf;
 
 use super::Target;
 use crate::base::forwarding::{Forwarding, Prior, Replaced};
-use crate::base::http1_wire::{self, Field, HeadFields, is_named};
+use crate::base::http1_wire::{self, Field, HeadFields, is_named, is_one_of};
 use crate::base::{BodyEncoder, BodyError, BoxError, RequestBody};
 
 /// The most a response head may take, status line and headers together.
@@ -448,8 +448,11 @@ fn encode_head(
     // Held to `proxy::inbound::fields_stay_as_sent`: of the fields this
     // leg replaces, only `Host` (written above), `Content-Length` and a
     // `Connection` of the client's own connection options may be among them.
+    let moved = as_sent.map_or(&[][..], HeadFields::moved);
     for (name, value) in as_sent.iter().flat_map(|fields| fields.iter()) {
-        if is_named(name, "content-length") {
+        if is_one_of(name, moved) {
+            // Written from the map above, as the policies left it.
+        } else if is_named(name, "content-length") {
             declared = http1_wire::content_length(value);
         } else if is_named(name, "host") {
             prior.note(Replaced::Host, value);
@@ -937,6 +940,38 @@ mod tests {
                 "POST /p HTTP/1.1\r\nhost: {host}\r\nAccept: */*\r\nX-Custom: a b\r\nx-request-id: id-1\r\n\
                  x-forwarded-for: 10.0.0.9\r\nx-forwarded-proto: http\r\nx-forwarded-host: Shop.example\r\n\
                  via: 1.1 sluice\r\ncontent-length: 3\r\n\r\nabc"
+            );
+            assert_eq!(String::from_utf8_lossy(&sent), want, "preserve_host {preserve_host}");
+        }
+    }
+
+    #[tokio::test]
+    async fn fields_moved_into_the_map_go_out_as_the_policies_left_them_and_only_from_there() {
+        let client = HeaderValue::from_static("10.0.0.9");
+        let (head, fields) = http1_wire::fields_of(
+            "Host: Shop.example\r\nAuthorization: Basic eDp5\r\nAccept: */*\r\nX-Tenant: a\r\n\r\n",
+        );
+        // Authentication's credentials, and a rate limit keyed by `Host` and by `X-Tenant`.
+        let moved = [header::AUTHORIZATION, header::HOST, HeaderName::from_static("x-tenant")];
+        for (preserve_host, host) in [(false, None), (true, Some("Shop.example"))] {
+            let (connection, mut far, target, _pool) = loopback().await;
+            // The client's `Host` is among its fields, not in the map.
+            let mut request = Request::get("/p").body(crate::base::empty_body_request()).unwrap();
+            let as_sent = HeadFields::new(&head, &fields).moving(&moved, request.headers_mut()).unwrap();
+            // What authentication does in the map: the credentials out, the consumer in.
+            request.headers_mut().remove(header::AUTHORIZATION);
+            request.headers_mut().insert("x-consumer-username", HeaderValue::from_static("ann"));
+            let forwarding = Forwarding { client: &client, scheme: "http", via: "1.1 sluice", preserve_host };
+            let own = OwnHeads { forwarding: Some(forwarding), as_sent: Some(as_sent), fields_as_sent: false };
+            let exchange = connection.exchange(request, target.clone(), later(), own);
+            let (sent, _) = tokio::join!(read_until(&mut far, b"\r\n\r\n"), async {
+                tokio::time::timeout(Duration::from_millis(200), exchange).await.ok();
+            });
+            let host = host.map_or_else(|| target.host_header.to_str().unwrap().to_owned(), str::to_owned);
+            let want = format!(
+                "GET /p HTTP/1.1\r\nhost: {host}\r\nx-tenant: a\r\nx-consumer-username: ann\r\nAccept: */*\r\n\
+                 x-forwarded-for: 10.0.0.9\r\nx-forwarded-proto: http\r\nx-forwarded-host: Shop.example\r\n\
+                 via: 1.1 sluice\r\n\r\n"
             );
             assert_eq!(String::from_utf8_lossy(&sent), want, "preserve_host {preserve_host}");
         }

@@ -37,11 +37,12 @@ fn script(request: &Received) -> Reply {
         "/obs-fold" => send("HTTP/1.1 200 OK\r\nX-Folded: a\r\n b\r\nContent-Length: 2\r\n\r\nok"),
         "/bare-lf" => send("HTTP/1.1 200 OK\nContent-Length: 2\n\nok"),
         "/interim" => send("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfinal"),
-        "/fields" | "/limited/fields" => send(
+        "/fields" | "/limited/fields" | "/counted/fields" | "/mapped/fields" => send(
             "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nX-Request-Id: forged\r\nVia: 1.0 inner\r\n\
-             X-Custom:  padded \t\r\nDate: Thu, 01 Jan 2026 00:00:00 GMT\r\nContent-Length: 2\r\n\r\nok",
+             X-Custom:  padded \t\r\nRateLimit-Limit: 1\r\nDate: Thu, 01 Jan 2026 00:00:00 GMT\r\n\
+             Content-Length: 2\r\n\r\nok",
         ),
-        "/hop" | "/limited/hop" => send(
+        "/hop" | "/limited/hop" | "/counted/hop" | "/mapped/hop" => send(
             "HTTP/1.1 200 OK\r\nConnection: X-Secret\r\nX-Secret: leak\r\nKeep-Alive: timeout=5\r\n\
              Proxy-Authenticate: Basic\r\nX-Kept: yes\r\nContent-Length: 2\r\n\r\nok",
         ),
@@ -228,12 +229,16 @@ fn fields_seen(response: &crate::raw_http::RawResponse) -> Vec<(String, String)>
     fields
 }
 
-/// An API without policies passes a target's header fields on as the
-/// target sent them, without a header map (`ResponseBody::fields_as_sent`);
-/// one with a policy goes through the map. The client must not tell the two
-/// apart: the gateway's request ID replaces the target's, `Via` gets the
-/// gateway's hop after the target's, the framing is the gateway's, and no
-/// hop-by-hop field, nor one that `Connection` names, reaches it.
+/// A target's header fields pass on as the target sent them, without a
+/// header map (`ResponseBody::fields_as_sent`), for an API without
+/// policies, one whose policies leave the answer alone (`/limited`) and one
+/// whose policies only set fields of their own (`/counted`, `RateLimit-*`);
+/// an API whose policies edit the answer (`/mapped`) goes through the map.
+/// The client must not tell them apart: the gateway's request ID replaces
+/// the target's, `Via` gets the gateway's hop after the target's, the
+/// framing is the gateway's, and no hop-by-hop field, nor one that
+/// `Connection` names, reaches it. Where the rate limit sets `RateLimit-*`,
+/// its values replace the target's: one of each, the limit the client is held to.
 #[tokio::test]
 async fn a_targets_fields_reach_the_client_alike_with_and_without_a_header_map() -> Result<()> {
     let edge = RawEdge::start(script).await?;
@@ -245,6 +250,7 @@ async fn a_targets_fields_reach_the_client_alike_with_and_without_a_header_map()
                 ("content-length", "2"),
                 ("content-type", "text/plain"),
                 ("date", "Thu, 01 Jan 2026 00:00:00 GMT"),
+                ("ratelimit-limit", "1"),
                 ("via", "1.0 inner, 1.1 sluice"),
                 ("x-custom", "padded"),
                 ("x-request-id", "mine-1"),
@@ -252,7 +258,8 @@ async fn a_targets_fields_reach_the_client_alike_with_and_without_a_header_map()
         ),
         ("/hop", vec![("content-length", "2"), ("via", "1.1 sluice"), ("x-kept", "yes"), ("x-request-id", "mine-1")]),
     ] {
-        for path in [path.to_owned(), format!("/limited{path}")] {
+        for api in ["", "/limited", "/counted", "/mapped"] {
+            let path = format!("{api}{path}");
             let request = format!("GET {path} HTTP/1.1\r\nHost: g\r\nX-Request-Id: mine-1\r\n\r\n");
             connection.send(request.as_bytes()).await?;
             let response = connection.response("GET").await?;
@@ -264,7 +271,22 @@ async fn a_targets_fields_reach_the_client_alike_with_and_without_a_header_map()
                 assert_eq!(dates, 1, "{path}: {:?}", response.headers);
                 seen.retain(|(name, _)| name != "date");
             }
-            let want: Vec<(String, String)> = want.iter().map(|(n, v)| ((*n).to_owned(), (*v).to_owned())).collect();
+            let mut want: Vec<(String, String)> =
+                want.iter().map(|(n, v)| ((*n).to_owned(), (*v).to_owned())).collect();
+            if api == "/counted" {
+                // The gateway's four, each once; the remaining count and reset move from request to request.
+                let limits: Vec<(String, String)> =
+                    seen.extract_if(.., |(name, _)| name.starts_with("ratelimit-")).collect();
+                let names: Vec<&str> = limits.iter().map(|(name, _)| name.as_str()).collect();
+                assert_eq!(
+                    names,
+                    ["ratelimit-limit", "ratelimit-policy", "ratelimit-remaining", "ratelimit-reset"],
+                    "{path}: {:?}",
+                    response.headers
+                );
+                assert_eq!(limits[0].1, "1000000", "{path}: the target's RateLimit-Limit reached the client");
+                want.retain(|(name, _)| !name.starts_with("ratelimit-"));
+            }
             assert_eq!(seen, want, "{path}: the client got {:?}", response.headers);
         }
     }

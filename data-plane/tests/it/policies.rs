@@ -192,17 +192,24 @@ async fn basic_auth_right_wrong_missing_malformed() -> Result<()> {
     }
     assert_eq!(upstream.count(), 0, "no rejected request reaches the upstream");
 
-    // Twice: the second goes through the verified-credential cache.
-    for _ in 0..2 {
-        let req = c
-            .get(gw.url("/basic/x"))
-            .header("authorization", basic("ann:open sesame"))
-            .header("x-consumer-username", "admin");
-        let (status, _, _) = send(req).await?;
-        assert_eq!(status, 200);
-        let seen = upstream.last()?;
-        assert!(!seen.headers.contains_key("authorization"), "the upstream never sees the credentials");
-        assert_eq!(seen.headers.get("x-consumer-username").map(String::as_str), Some("ann"));
+    // Twice each: the second goes through the verified-credential cache. With a
+    // forged consumer (the request's fields go through a header map) and
+    // without (they stay as sent but the credentials).
+    for forged in [Some("admin"), None] {
+        for _ in 0..2 {
+            let mut req = c.get(gw.url("/basic/x")).header("authorization", basic("ann:open sesame"));
+            req = req.header("x-kept", "yes");
+            if let Some(forged) = forged {
+                req = req.header("x-consumer-username", forged);
+            }
+            let (status, _, _) = send(req).await?;
+            assert_eq!(status, 200);
+            let seen = upstream.last()?;
+            assert!(!seen.headers.contains_key("authorization"), "the upstream never sees the credentials");
+            // Repeated fields are joined: one value is one field.
+            assert_eq!(seen.headers.get("x-consumer-username").map(String::as_str), Some("ann"), "{forged:?}");
+            assert_eq!(seen.headers.get("x-kept").map(String::as_str), Some("yes"), "{forged:?}");
+        }
     }
     Ok(())
 }
@@ -214,11 +221,13 @@ async fn api_key_in_header_and_query() -> Result<()> {
     let gw = Gateway::start(&snapshot(&upstream, vec![api("keys", "/keys", vec![Kind::ApiKey(key)])])?).await?;
     let c = client();
 
-    let (status, _, _) = send(c.get(gw.url("/keys/a")).header("x-api-key", "ann-api-key")).await?;
+    let (status, _, _) =
+        send(c.get(gw.url("/keys/a")).header("x-api-key", "ann-api-key").header("x-kept", "yes")).await?;
     assert_eq!(status, 200);
     let seen = upstream.last()?;
     assert!(!seen.headers.contains_key("x-api-key"));
     assert_eq!(seen.headers.get("x-consumer-username").map(String::as_str), Some("ann"));
+    assert_eq!(seen.headers.get("x-kept").map(String::as_str), Some("yes"));
 
     let (status, _, _) = send(c.get(gw.url("/keys/a?page=2&apikey=ann-api-key&sort=name"))).await?;
     assert_eq!(status, 200);

@@ -369,9 +369,11 @@ fn dechunk(mut bytes: &[u8]) -> Result<Vec<u8>> {
 }
 
 /// A real `sluice-dp` in front of one [`RawUpstream`] (upstream `raw`): `/`
-/// forwards anything, `/limited` has a 16-byte request size limit. The
-/// conformance tests send raw requests to it and compare what the client got
-/// with what the upstream received.
+/// forwards anything, `/limited` has a 16-byte request size limit,
+/// `/counted` a rate limit no test reaches (it sets `RateLimit-*` on every
+/// answer), `/mapped` a response header rule (which edits the answer in a
+/// header map). The conformance tests send raw requests to it and compare
+/// what the client got with what the upstream received.
 pub struct RawEdge {
     pub edge: Edge,
     pub upstream: RawUpstream,
@@ -383,15 +385,26 @@ impl RawEdge {
         use sluice_proto::v1::policy::Kind;
         let upstream = RawUpstream::start(script).await?;
         let limit = Kind::RequestSizeLimit(v1::RequestSizeLimit { max_bytes: 16 });
+        let rate_limit = Kind::RateLimit(v1::RateLimit {
+            requests: 1_000_000,
+            period_seconds: 60,
+            key: v1::RateLimitKey::Ip as i32,
+            ..Default::default()
+        });
+        let rules = v1::HeaderRules { remove: vec!["x-never-sent".into()], ..Default::default() };
+        let header_rules = Kind::Headers(v1::Headers { request: None, response: Some(rules) });
+        let api = |name: &str, prefix: &str, policy: Option<Kind>| v1::Api {
+            name: name.into(),
+            path_prefix: prefix.into(),
+            upstream: "raw".into(),
+            policies: policy.map(|kind| v1::Policy { kind: Some(kind) }).into_iter().collect(),
+            ..Default::default()
+        };
         let apis = vec![
-            v1::Api { name: "open".into(), path_prefix: "/".into(), upstream: "raw".into(), ..Default::default() },
-            v1::Api {
-                name: "limited".into(),
-                path_prefix: "/limited".into(),
-                upstream: "raw".into(),
-                policies: vec![v1::Policy { kind: Some(limit) }],
-                ..Default::default()
-            },
+            api("open", "/", None),
+            api("limited", "/limited", Some(limit)),
+            api("counted", "/counted", Some(rate_limit)),
+            api("mapped", "/mapped", Some(header_rules)),
         ];
         let snapshot = v1::Snapshot { apis, ..Default::default() };
         let edge = Edge::start_with_targets(snapshot, &[("raw", upstream.url())], &[]).await?;
