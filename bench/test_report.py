@@ -235,6 +235,21 @@ class ReportTest(unittest.TestCase):
         failed["scenarios"]["secured"] = {"error": "RuntimeError: nginx did not start", "seconds": 1.0}
         self.assertEqual(percore.noisy(failed), [], "a failed scenario has no rounds to compare")
 
+    def test_where_the_instructions_go_names_each_gateways_own_top_functions_per_case(self):
+        figures = instructions()
+        figures["gateways"]["sluice"]["proxy"]["top"] = [["memcpy", 1500.0], ["serve::{{closure}}", 900.4]]
+        figures["gateways"]["nginx"]["proxy"]["top"] = [["ngx_http_parse_header_line", 2100.0]]
+        with BenchDir(instructions=figures) as d:
+            md = d.markdown()
+        self.assertIn("### Where the instructions go", md)
+        self.assertIn("`proxy`:\n\n| # | sluice | instr/req | nginx | instr/req |", md)
+        self.assertIn("| 1 | `memcpy` | 1,500 | `ngx_http_parse_header_line` | 2,100 |", md)
+        self.assertIn("| 2 | `serve::{{closure}}` | 900 |  |  |", md)
+        self.assertNotIn("`get`:\n\n| #", md, "no functions were kept for get")
+        # Figures saved before the functions were kept: no such section.
+        with BenchDir(instructions=instructions()) as d:
+            self.assertNotIn("### Where the instructions go", d.markdown())
+
     def test_one_run_report_shows_that_run_alone(self):
         quick = copy.deepcopy(pinned_run())
         quick["meta"]["quick"] = True

@@ -36,6 +36,34 @@ def read_dump(path: Path):
             yield kind, names.get(ident)
 
 
+def self_costs(path: Path) -> dict[str, int]:
+    """Instructions (`Ir`, the first event) of one callgrind dump by the function that executed them, not
+    counting what its callees executed: each `fn=` block's cost lines, less the line after each `calls=`,
+    which holds the call's inclusive cost. Functions of the same name in different objects are added up."""
+    costs: dict[str, int] = {}
+    function = None
+    positions = 1
+    call_cost_next = False
+    for kind, text in read_dump(path):
+        if kind == "fn":
+            function = text
+            continue
+        if kind is not None:  # cfn=: the callee of the `calls=` line that follows
+            continue
+        if text.startswith("positions:"):
+            positions = len(text.split()) - 1
+        elif text.startswith("calls="):
+            call_cost_next = True
+        elif text[:1].isdigit() or text[:1] in "+-*":
+            if call_cost_next:
+                call_cost_next = False
+            elif function is not None:
+                fields = text.split()
+                if len(fields) > positions:
+                    costs[function] = costs.get(function, 0) + int(fields[positions])
+    return costs
+
+
 def dump_costs(path: Path) -> tuple[dict[str, int], int]:
     """(events, allocation calls) of one callgrind dump: every event it totals, by its name (`Ir`, the
     instructions; with `--cache-sim=yes` and `--branch-sim=yes` also the simulated cache misses and

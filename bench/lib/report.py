@@ -541,7 +541,34 @@ def section_instructions(figures: dict) -> list[str]:
     if any(value is not None for _, value, _ in bare):
         lines += ["", "Against `nginx-bare`, which does less (see above), the same targets would read: " + "; ".join(
             f"{case} {verdict(value, goal, False)}" for case, value, goal in bare if value is not None) + "."]
-    return lines + [""]
+    return lines + [""] + where_instructions_go(figures)
+
+
+def where_instructions_go(figures: dict) -> list[str]:
+    """Per case, the functions of Sluice and of nginx that executed the most instructions themselves, side by
+    side (from the same dumps); nothing for figures saved before they were kept."""
+    shown = [g for g in ("sluice", "nginx") if g in figures["gateways"]]
+    cases = [c for c in figures["cases"] if any(figures["gateways"][g].get(c, {}).get("top") for g in shown)]
+    if not cases:
+        return []
+    lines = ["### Where the instructions go", "",
+             "Per case, the functions that executed the most instructions themselves (what they call not "
+             "counted), per request, from the same dumps. An async function's `{{closure}}` is its body, with "
+             "what the compiler inlined into it; the TLS cipher (`aesni_*`, `aes_hw_*`, `gcm_*`) and SHA-256 "
+             "(`compress256`, `sha256_block_data_order`) are the same work for every gateway. Debian's nginx and its "
+             "libraries carry no names for their local functions: those show as addresses.", ""]
+    for case in cases:
+        tops = {g: figures["gateways"][g].get(case, {}).get("top", []) for g in shown}
+        head = ["#", *(part for g in shown for part in (g, "instr/req"))]
+        lines += [f"`{case}`:", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for rank in range(max(len(top) for top in tops.values())):
+            row = [str(rank + 1)]
+            for g in shown:
+                name, count = tops[g][rank] if rank < len(tops[g]) else ("", None)
+                row += [f"`{name}`" if name else "", f"{count:,.0f}" if count is not None else ""]
+            lines.append("| " + " | ".join(row) + " |")
+        lines.append("")
+    return lines
 
 def notes() -> list[str]:
     return [
