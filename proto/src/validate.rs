@@ -572,6 +572,12 @@ fn check_target_url(url: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// An API key as the snapshot carries it: its HMAC-SHA256 under the
+/// snapshot's `api_key_hmac_key`, in hexadecimal (either case), never the key.
+pub fn is_api_key_digest(digest: &str) -> bool {
+    digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 fn check_consumers(v: &mut Violations, consumers: &[Consumer]) {
     // A key or JWT key id shared by two consumers would make the consumer
     // identity depend on lookup order, so each must be unique cluster-wide.
@@ -585,7 +591,9 @@ fn check_consumers(v: &mut Violations, consumers: &[Consumer]) {
             v.push(at("basic_auth/password_hash"), message);
         }
         for (i, digest) in consumer.api_key_digests.iter().enumerate() {
-            if let Some(other) = key_owner.insert(digest, &consumer.username) {
+            if !is_api_key_digest(digest) {
+                v.push(format!("{}/{i}", at("api_keys")), "must be an HMAC-SHA256 digest: 64 hexadecimal digits");
+            } else if let Some(other) = key_owner.insert(digest, &consumer.username) {
                 v.push(
                     format!("{}/{i}", at("api_keys")),
                     format!("this API key is already used by consumer `{other}`"),
@@ -678,6 +686,24 @@ mod tests {
             let snapshot =
                 Snapshot { apis: vec![api("shop", "backend")], upstreams: vec![backend], ..Default::default() };
             assert_eq!(paths(&snapshot), bad, "{ratio} {min}");
+        }
+    }
+
+    #[test]
+    fn api_keys_travel_as_their_digests_only() {
+        let digest = "0123456789abcdef".repeat(4);
+        for (given, bad) in [
+            (digest.clone(), false),
+            (digest.to_uppercase(), false),
+            (digest[..63].to_owned(), true),
+            (format!("{}g", &digest[..63]), true),
+            ("the-key-itself".to_owned(), true),
+        ] {
+            let consumer =
+                Consumer { username: "ann".into(), api_key_digests: vec![given.clone()], ..Default::default() };
+            let snapshot = Snapshot { consumers: vec![consumer], ..Default::default() };
+            let want: &[&str] = if bad { &["/consumers/ann/api_keys/0"] } else { &[] };
+            assert_eq!(paths(&snapshot), want, "{given}");
         }
     }
 

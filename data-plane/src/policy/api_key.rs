@@ -4,7 +4,6 @@
 //! plane never holds the keys themselves.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use hmac::{Hmac, Mac as _};
@@ -13,6 +12,8 @@ use sha2::Sha256;
 use sluice_proto::path::percent_decode;
 use sluice_proto::v1;
 
+use crate::fast_map::FastMap;
+
 #[derive(Debug)]
 pub struct ApiKeyAuth {
     header: Option<HeaderName>,
@@ -20,8 +21,9 @@ pub struct ApiKeyAuth {
     challenge: HeaderValue,
     /// Keyed once at compile time; cloned per request (cheaper than re-keying).
     mac: Hmac<Sha256>,
-    /// Lower-case hex digest -> consumer.
-    consumers: HashMap<String, Arc<str>>,
+    /// Digest -> consumer. Not SipHash: a key is an HMAC under the
+    /// cluster's secret key, so no client can choose keys that collide.
+    consumers: FastMap<[u8; 32], Arc<str>>,
 }
 
 impl ApiKeyAuth {
@@ -33,11 +35,15 @@ impl ApiKeyAuth {
         }
         let mac = Hmac::<Sha256>::new_from_slice(&snapshot.api_key_hmac_key)
             .map_err(|e| format!("the snapshot's API-key HMAC key is unusable: {e}"))?;
-        let mut consumers = HashMap::new();
+        let mut consumers = FastMap::default();
         for consumer in &snapshot.consumers {
             let name: Arc<str> = consumer.username.as_str().into();
             for digest in &consumer.api_key_digests {
-                consumers.insert(digest.to_ascii_lowercase(), name.clone());
+                // Validation holds digests to 64 hexadecimal digits.
+                let mut bytes = [0u8; 32];
+                hex::decode_to_slice(digest, &mut bytes)
+                    .map_err(|e| format!("consumer `{name}` has an API key digest that is not hexadecimal: {e}"))?;
+                consumers.insert(bytes, name.clone());
             }
         }
         let mut challenge = format!("ApiKey realm=\"{}\"", api.replace('"', "'"));
@@ -79,7 +85,7 @@ impl ApiKeyAuth {
         }
         let mut mac = self.mac.clone();
         mac.update(key.as_bytes());
-        let digest = hex::encode(mac.finalize().into_bytes());
+        let digest: [u8; 32] = mac.finalize().into_bytes().into();
         self.consumers.get(&digest).cloned()
     }
 }
