@@ -84,10 +84,10 @@ impl<'f> HeadFields<'f> {
         self.added
     }
 
-    /// The same fields less those named `names` (names of lower-case
-    /// letters, digits and `-`, as every `HeaderName`), which are appended
-    /// to `headers`: the fields a step reads or edits in a map, the others
-    /// staying where they are.
+    /// The same fields, those named `names` (the fields a step reads or
+    /// edits in a map) appended to `headers`: from then on the writers of
+    /// these fields leave them out (see `moved`, `append_to`), the map
+    /// holding them as the step left them.
     pub fn moving(self, names: &'f [HeaderName], headers: &mut HeaderMap) -> Result<Self, InvalidField> {
         let head = self.head;
         append_fields(headers, head, self.fields.iter().filter(|field| is_one_of(field.name_in(head), names)))?;

@@ -571,8 +571,7 @@ fn encode_head<'a>(
         // No hop-by-hop field is among them (see `ResponseBody::fields_as_sent`).
         let replaced = replaced.as_str().as_bytes();
         for (name, value) in fields {
-            let set_by_policy = || set_by_policies.iter().any(|set| http1_wire::is_named(name, set.as_str()));
-            if name.eq_ignore_ascii_case(replaced) || set_by_policy() {
+            if name.eq_ignore_ascii_case(replaced) || http1_wire::is_one_of(name, set_by_policies) {
                 continue;
             }
             if name.eq_ignore_ascii_case(b"content-length") {
