@@ -37,7 +37,8 @@ use auth_failures::LoginGuard;
 use cors::{Cors, CorsStep};
 use headers::HeaderPolicy;
 use ip_restriction::IpRestriction;
-use rate_limit::{RateDecision, RateHeaders, RateKeyInput, RateLimitContext, RateLimiter};
+pub use rate_limit::RateCount;
+use rate_limit::{RateDecision, RateKeyInput, RateLimitContext, RateLimiter};
 use size_limit::{BodyLimit, SizeLimit};
 
 /// Largest upstream response buffered for response validation; a bigger one
@@ -73,6 +74,18 @@ pub struct RequestContext<'a> {
     pub client_ip: IpAddr,
     /// How the client's body is arriving (`proxy::client_body`); `None` for a request without one.
     pub body: Option<&'a BodyStatus>,
+}
+
+/// What the chain finds out about a request that is needed after it is done.
+#[derive(Debug, Default)]
+pub struct Findings {
+    /// Set once authentication has named a consumer (for the access log),
+    /// even if a later policy refuses the request.
+    pub consumer: Option<Arc<str>>,
+    /// Set when the request was forwarded under a rate limit: its answer
+    /// then carries the `RateLimit-*` fields (`set_answer_fields`,
+    /// `write_answer_fields`).
+    pub rate_count: Option<RateCount>,
 }
 
 /// One API's compiled policies. One slot per kind: validation allows at most
@@ -264,6 +277,22 @@ impl PolicyChain {
         Some(if self.rate_limit.is_some() { &rate_limit::RATELIMIT_FIELDS } else { &[] })
     }
 
+    /// Sets the fields of `answer_fields_set` on a forwarded answer whose
+    /// head is in its map, with the values `count` gives them.
+    pub fn set_answer_fields(&self, count: RateCount, headers: &mut HeaderMap) {
+        if let Some(limiter) = &self.rate_limit {
+            limiter.set_fields(count, headers);
+        }
+    }
+
+    /// The same fields as `set_answer_fields`, written as HTTP/1 lines: for
+    /// an answer whose head goes out as the target sent it.
+    pub fn write_answer_fields(&self, count: RateCount, out: &mut Vec<u8>) {
+        if let Some(limiter) = &self.rate_limit {
+            limiter.write_fields(count, out);
+        }
+    }
+
     /// Whether a CORS preflight to this API is answered by the gateway (the
     /// router lets such a preflight through even when OPTIONS is not routed).
     pub fn answers_preflights(&self) -> bool {
@@ -273,8 +302,7 @@ impl PolicyChain {
     /// The request path through the policies, in a fixed order whatever order
     /// the API lists them in; `forward` sends the request upstream. A policy
     /// that refuses answers with problem details, and the upstream sees
-    /// nothing. `consumer` is set once authentication has named one (for the
-    /// access log), even if a later policy refuses the request. An API
+    /// nothing. What the chain finds out goes to `findings` (see `Findings`). An API
     /// without policies does not come here: `proxy::route_and_forward`
     /// forwards its requests itself.
     #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see proxy::answer)")]
@@ -282,7 +310,7 @@ impl PolicyChain {
         &self,
         mut request: Request<RequestBody>,
         context: RequestContext<'_>,
-        consumer: &mut Option<Arc<str>>,
+        findings: &mut Findings,
         forward: F,
     ) -> impl Future<Output = Result<Response<ProxyBody>, ProxyError>>
     where
@@ -308,9 +336,10 @@ impl PolicyChain {
                 let body_limit = BodyLimit::apply(self.size_limit.as_ref(), &mut request, body)?;
                 // 4. Authentication: names the consumer that the rate limit and the upstream need. A client
                 //    that failed it too often is refused here, before any credential is checked.
-                *consumer = self.auth.authenticate(&mut request, client_ip).await?;
+                findings.consumer = self.auth.authenticate(&mut request, client_ip).await?;
                 // 5. Rate limit after auth: anonymous floods get 401s without spending a consumer's quota.
-                let rate_headers = self.rate_limit(consumer.as_ref(), client_ip, request.headers(), request_id).await?;
+                let rate_count =
+                    self.rate_limit(findings.consumer.as_ref(), client_ip, request.headers(), request_id).await?;
                 // 6. Request header rules: after auth (they may use X-Consumer-Username), before validation sees them.
                 self.rewrite_request(request.headers_mut());
                 // 7. OpenAPI validation last: it may buffer the body, which only requests past every cheaper check deserve.
@@ -320,11 +349,10 @@ impl PolicyChain {
                 // Response: validated as the upstream sent it, before the gateway's own changes.
                 let mut response = self.validate_response(&method, instance, request_id, response).await?;
                 self.rewrite_response(response.headers_mut());
-                // The gateway's RateLimit-* values replace any the upstream sent:
-                // the client must see the limit it is actually held to.
-                if let Some(rate_headers) = rate_headers {
-                    rate_headers.write_to(response.headers_mut());
-                }
+                // The gateway's RateLimit-* values replace any the upstream sent
+                // (the client must see the limit it is actually held to), after
+                // the chain: on the map, or by the writer of a head kept as sent.
+                findings.rate_count = rate_count;
                 Ok::<_, Stop>(response)
             }
             .await;
@@ -352,10 +380,10 @@ impl PolicyChain {
         client_ip: IpAddr,
         headers: &HeaderMap,
         request_id: &str,
-    ) -> Result<Option<RateHeaders>, Stop> {
+    ) -> Result<Option<RateCount>, Stop> {
         let Some(limiter) = &self.rate_limit else { return Ok(None) };
         match limiter.check(&RateKeyInput { consumer, client_ip, headers }, request_id).await {
-            RateDecision::Allowed { headers } => Ok(Some(headers)),
+            RateDecision::Allowed { count } => Ok(Some(count)),
             RateDecision::Limited { response } => Err(Stop::Respond("rate_limit", response)),
         }
     }
@@ -449,13 +477,13 @@ impl BodyLimit {
 /// executor, and when it is not, the error surfaces far away in `proxy.rs` as
 /// a missing `graceful_shutdown`. This fails right here instead.
 #[allow(dead_code)]
-fn apply_is_send(chain: &PolicyChain, request: Request<RequestBody>, consumer: &mut Option<Arc<str>>) {
+fn apply_is_send(chain: &PolicyChain, request: Request<RequestBody>, findings: &mut Findings) {
     fn send<T: Send>(_: T) {}
     let forward = |_| async { Err::<Response<ProxyBody>, _>(ProxyError::NotReady) };
     let id = RequestId::make();
     let context =
         RequestContext { instance: "/", request_id: &id, client_ip: IpAddr::from([127, 0, 0, 1]), body: None };
-    send(chain.apply(request, context, consumer, forward));
+    send(chain.apply(request, context, findings, forward));
 }
 
 #[cfg(test)]

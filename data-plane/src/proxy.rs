@@ -37,7 +37,7 @@ pub use tls_server::{TlsSetupError, tls_server_config};
 
 use crate::base::http1_wire::HeadFields;
 use crate::base::{BodyStatus, Origin, ProxyBody, ProxyError, RequestBody, RequestId};
-use crate::policy::RequestContext;
+use crate::policy::{Findings, RequestContext};
 use crate::routing::{CompiledApi, RouteMiss, RoutingTable, TableStore};
 use crate::trace::Tracer;
 use balance::Seat;
@@ -283,6 +283,7 @@ fn begin(
         upstream_elapsed: None,
         request_body: body,
         consumer: None,
+        rate_count: None,
         status: StatusCode::OK,
         grpc_status: None,
         access_log,
@@ -334,11 +335,14 @@ fn answer<'a>(
             }
         };
         // The gateway's ID replaces any the upstream sent: the client must see
-        // the one in the logs. A target's fields kept as sent get it from the
-        // client's writer, after them.
+        // the one in the logs. So do the policies' fields (`Findings::rate_count`).
+        // A target's fields kept as sent get both from the client's writer, after them.
         if response.body().fields_as_sent().is_none() {
             let echo = echo.unwrap_or_else(|| exchange.request_id.to_header());
             response.headers_mut().insert(id_field, echo);
+            if let (Some(api), Some(count)) = (&exchange.api, exchange.rate_count) {
+                api.policies.set_answer_fields(count, response.headers_mut());
+            }
         }
         exchange.status = response.status();
         // gRPC runs over HTTP/2 only: an HTTP/1.1 response is not looked into.
@@ -431,16 +435,17 @@ fn route_and_forward<'a>(
         let (path, request_id) = (exchange.path.clone(), exchange.request_id);
         let context =
             RequestContext { instance: &path, request_id: &request_id, client_ip: peer.ip, body: body.as_ref() };
-        let mut consumer = None;
+        let mut findings = Findings::default();
         let result = {
             let exchange = &mut *exchange;
             api.policies
-                .apply(request, context, &mut consumer, move |request| {
+                .apply(request, context, &mut findings, move |request| {
                     forward::forward(api, request, as_sent, raw_path, taken, peer, options, exchange)
                 })
                 .await
         };
-        exchange.consumer = consumer;
+        exchange.consumer = findings.consumer;
+        exchange.rate_count = findings.rate_count;
         result
     }
 }

@@ -47,8 +47,8 @@ use tracing::warn;
 pub use client_ip::effective_client_ip;
 pub use sluice_proto::{Cidr, CidrError};
 
-use crate::base::ProxyBody;
 use crate::base::problem::Problem;
+use crate::base::{ProxyBody, http1_wire};
 use cluster::{RedisFailure, RedisHandle};
 use key::KeyKind;
 use local::LocalBuckets;
@@ -83,40 +83,23 @@ pub struct RateKeyInput<'a> {
     pub headers: &'a HeaderMap,
 }
 
-/// The policy's verdict. `Allowed` carries the `RateLimit-*` headers to add to
-/// the upstream's response; `Limited` is the whole response to send instead.
+/// The policy's verdict. `Allowed` carries what the `RateLimit-*` fields of
+/// the upstream's answer say about this request; `Limited` is the whole
+/// response to send instead.
 pub enum RateDecision {
-    Allowed { headers: RateHeaders },
+    Allowed { count: RateCount },
     Limited { response: Response<ProxyBody> },
 }
 
-/// The `RateLimit-*` headers of an allowed request's response. Kept as
-/// values, not a `HeaderMap`, so the common case costs no map of its own.
-#[derive(Debug, Clone)]
-pub struct RateHeaders {
-    limit: HeaderValue,
-    policy: HeaderValue,
+/// What an allowed request left of its bucket: the part of its answer's
+/// `RateLimit-*` fields that is not the limiter's own (its limit and
+/// policy). Kept as numbers, not header values, so that an answer whose
+/// head goes out as the target sent it costs no map and no allocation
+/// (`RateLimiter::write_fields`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateCount {
     /// Unknown when Redis could not be asked (fail-open): then only the limit and policy are sent.
     remaining_and_reset: Option<(u32, u64)>,
-}
-
-impl RateHeaders {
-    /// Sets the headers on a response, replacing any the upstream sent.
-    pub fn write_to(self, headers: &mut HeaderMap) {
-        headers.insert(RATELIMIT_LIMIT, self.limit);
-        if let Some((remaining, reset)) = self.remaining_and_reset {
-            headers.insert(RATELIMIT_REMAINING, number_value(remaining));
-            headers.insert(RATELIMIT_RESET, number_value(reset));
-        }
-        headers.insert(RATELIMIT_POLICY, self.policy);
-    }
-
-    /// The headers as a response would carry them.
-    pub fn to_header_map(&self) -> HeaderMap {
-        let mut headers = HeaderMap::with_capacity(4);
-        self.clone().write_to(&mut headers);
-        headers
-    }
 }
 
 /// A number as a header value, formatted on the stack: one allocation, where
@@ -353,7 +336,7 @@ impl RateLimiter {
         };
         match outcome {
             Outcome::Allowed { remaining, reset } => {
-                RateDecision::Allowed { headers: self.headers(Some((remaining, reset))) }
+                RateDecision::Allowed { count: Self::count(Some((remaining, reset))) }
             }
             Outcome::Limited { retry_after, reset } => {
                 metrics::counter!("sluice_rate_limited_total", "api" => self.api.clone()).increment(1);
@@ -370,12 +353,37 @@ impl RateLimiter {
         matches!(self.backend, Backend::Cluster { .. })
     }
 
-    fn headers(&self, remaining_and_reset: Option<(u32, Duration)>) -> RateHeaders {
-        RateHeaders {
-            limit: self.limit_header.clone(),
-            policy: self.policy_header.clone(),
-            remaining_and_reset: remaining_and_reset.map(|(remaining, reset)| (remaining, ceil_secs(reset))),
+    fn count(remaining_and_reset: Option<(u32, Duration)>) -> RateCount {
+        RateCount { remaining_and_reset: remaining_and_reset.map(|(remaining, reset)| (remaining, ceil_secs(reset))) }
+    }
+
+    /// Sets an answer's `RateLimit-*` fields, replacing any the upstream sent.
+    pub fn set_fields(&self, count: RateCount, headers: &mut HeaderMap) {
+        headers.insert(RATELIMIT_LIMIT, self.limit_header.clone());
+        if let Some((remaining, reset)) = count.remaining_and_reset {
+            headers.insert(RATELIMIT_REMAINING, number_value(remaining));
+            headers.insert(RATELIMIT_RESET, number_value(reset));
         }
+        headers.insert(RATELIMIT_POLICY, self.policy_header.clone());
+    }
+
+    /// The same fields as `set_fields`, in its order, written as HTTP/1 lines:
+    /// for an answer whose other fields go out as the upstream sent them.
+    pub fn write_fields(&self, count: RateCount, out: &mut Vec<u8>) {
+        http1_wire::write_field(out, &RATELIMIT_LIMIT, &self.limit_header);
+        if let Some((remaining, reset)) = count.remaining_and_reset {
+            http1_wire::write_line(
+                out,
+                RATELIMIT_REMAINING.as_str().as_bytes(),
+                itoa::Buffer::new().format(remaining).as_bytes(),
+            );
+            http1_wire::write_line(
+                out,
+                RATELIMIT_RESET.as_str().as_bytes(),
+                itoa::Buffer::new().format(reset).as_bytes(),
+            );
+        }
+        http1_wire::write_field(out, &RATELIMIT_POLICY, &self.policy_header);
     }
 
     fn too_many_requests(&self, retry_after: Duration, reset: Duration, request_id: &str) -> Response<ProxyBody> {
@@ -390,7 +398,7 @@ impl RateLimiter {
         let mut response =
             problem(StatusCode::TOO_MANY_REQUESTS, "rate-limited", "Too many requests", &detail, request_id);
         let headers = response.headers_mut();
-        self.headers(Some((0, reset.max(retry_after)))).write_to(headers);
+        self.set_fields(Self::count(Some((0, reset.max(retry_after)))), headers);
         headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_secs));
         response
     }
@@ -408,7 +416,7 @@ impl RateLimiter {
         if self.spec.fail_open {
             // Remaining and Reset are unknown; a made-up number would mislead
             // clients that pace themselves by it.
-            return RateDecision::Allowed { headers: self.headers(None) };
+            return RateDecision::Allowed { count: Self::count(None) };
         }
         let mut response = problem(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -419,8 +427,7 @@ impl RateLimiter {
         );
         let headers = response.headers_mut();
         headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        headers.insert(RATELIMIT_LIMIT, self.limit_header.clone());
-        headers.insert(RATELIMIT_POLICY, self.policy_header.clone());
+        self.set_fields(Self::count(None), headers);
         RateDecision::Limited { response }
     }
 

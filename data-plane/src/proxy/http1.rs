@@ -42,6 +42,7 @@ use crate::base::http1_wire::{self, Field, HeadFields};
 use crate::base::{
     BodyEncoder, BodyStatus, BoxError, ProxyBody, RequestBody, RequestId, empty_body_request, full_body_request,
 };
+use crate::policy::{PolicyChain, RateCount};
 
 /// A head still incomplete at this size goes to hyper, which reads on to
 /// the configured header limit and answers 431 past it.
@@ -312,10 +313,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientConnection<S> {
         let (parts, body) = response.into_parts();
         let exact = body.size_hint().exact();
         // Before the body is polled (see `ResponseBody::fields_as_sent`).
+        let policies = exchange.api.as_ref().map(|api| &api.policies);
         let as_sent = body.fields_as_sent().map(|fields| AsSent {
             fields,
             replaced,
-            set_by_policies: exchange.api.as_ref().and_then(|api| api.policies.answer_fields_set()).unwrap_or(&[]),
+            set_by_policies: policies.and_then(|policies| policies.answer_fields_set()).unwrap_or(&[]),
+            policy_values: policies.zip(exchange.rate_count),
             via: own_via(parts.version),
             request_id: Some(&exchange.request_id),
         });
@@ -567,7 +570,7 @@ fn encode_head<'a>(
     let no_content = status.is_informational() || status == StatusCode::NO_CONTENT;
     let bodiless = no_content || head_request || status == StatusCode::NOT_MODIFIED;
     let (mut dated, mut declared) = (false, None);
-    if let Some(AsSent { fields, replaced, set_by_policies, via, request_id }) = as_sent {
+    if let Some(AsSent { fields, replaced, set_by_policies, policy_values, via, request_id }) = as_sent {
         // No hop-by-hop field is among them (see `ResponseBody::fields_as_sent`).
         let replaced = replaced.as_str().as_bytes();
         for (name, value) in fields {
@@ -588,6 +591,9 @@ fn encode_head<'a>(
         http1_wire::write_line(out, b"via", via.as_bytes());
         if let Some(id) = request_id {
             http1_wire::write_line(out, replaced, id.as_ref());
+        }
+        if let Some((policies, count)) = policy_values {
+            policies.write_answer_fields(count, out);
         }
     }
     for (name, value) in headers {
@@ -617,12 +623,13 @@ fn encode_head<'a>(
 /// A target's header fields as it sent them, and what the gateway adds to
 /// them: its `Via` entry, and its request ID under the name `replaced`.
 /// The fields named in `set_by_policies` are left out: the API's policies
-/// set their own, which the response's map carries (see
-/// `PolicyChain::answer_fields_set`).
+/// set their own (see `PolicyChain::answer_fields_set`), from
+/// `policy_values` when the request was forwarded under a rate limit.
 struct AsSent<'r, I> {
     fields: I,
     replaced: &'r HeaderName,
     set_by_policies: &'r [HeaderName],
+    policy_values: Option<(&'r PolicyChain, RateCount)>,
     via: &'static str,
     request_id: Option<&'r RequestId>,
 }
@@ -778,6 +785,7 @@ mod tests {
             fields: fields.into_iter(),
             replaced: &replaced,
             set_by_policies: &set_by_policies,
+            policy_values: None,
             via: "1.1 sluice",
             request_id: Some(&ours),
         });

@@ -19,6 +19,7 @@ use serde::Serialize;
 
 use super::idle::ActiveRequest;
 use crate::base::{BodyError, BodyStatus, ProxyBody, RequestId, UNROUTED};
+use crate::policy::RateCount;
 use crate::routing::{CompiledApi, RoutingTable};
 use crate::trace::{ActiveSpan, SpanEnd};
 use crate::upstream::{InFlight, Target};
@@ -53,6 +54,8 @@ pub struct Exchange {
     /// for the access log and the byte counters.
     pub request_body: Option<BodyStatus>,
     pub consumer: Option<Arc<str>>,
+    /// The answer's `RateLimit-*` values (see `policy::Findings`).
+    pub rate_count: Option<RateCount>,
     pub status: StatusCode,
     /// A gRPC response's `grpc-status`, from its headers or its trailers.
     pub grpc_status: Option<u16>,

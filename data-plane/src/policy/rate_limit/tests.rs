@@ -24,9 +24,43 @@ fn header(headers: &HeaderMap, name: &HeaderName) -> u64 {
     headers.get(name).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).expect("numeric header")
 }
 
-fn remaining(decision: RateDecision) -> Option<u64> {
+/// An allowed request's answer fields, as the map path sets them.
+fn fields(limiter: &RateLimiter, count: RateCount) -> HeaderMap {
+    let mut fields = HeaderMap::new();
+    limiter.set_fields(count, &mut fields);
+    fields
+}
+
+/// An allowed request's answer fields, as the writer of a head kept as sent writes them.
+fn as_lines(limiter: &RateLimiter, count: RateCount) -> String {
+    let mut out = Vec::new();
+    limiter.write_fields(count, &mut out);
+    String::from_utf8(out).unwrap()
+}
+
+fn lines_of(fields: &HeaderMap) -> String {
+    fields.iter().map(|(name, value)| format!("{name}: {}\r\n", value.to_str().unwrap())).collect()
+}
+
+#[test]
+fn the_fields_written_as_lines_are_those_set_on_a_map_in_its_order() {
+    let ctx = RateLimitContext::local();
+    let limiter = RateLimiter::compile(&spec(5, 60, v1::RateLimitKey::Ip), "shop", None, &ctx).unwrap();
+    let counted = RateLimiter::count(Some((3, Duration::from_millis(24_001))));
+    assert_eq!(
+        as_lines(&limiter, counted),
+        "ratelimit-limit: 5\r\nratelimit-remaining: 3\r\nratelimit-reset: 25\r\nratelimit-policy: 5;w=60\r\n"
+    );
+    assert_eq!(as_lines(&limiter, counted), lines_of(&fields(&limiter, counted)));
+    // Fail-open (Redis unreachable): the count is unknown, so only the limit and the policy.
+    let unknown = RateLimiter::count(None);
+    assert_eq!(as_lines(&limiter, unknown), "ratelimit-limit: 5\r\nratelimit-policy: 5;w=60\r\n");
+    assert_eq!(as_lines(&limiter, unknown), lines_of(&fields(&limiter, unknown)));
+}
+
+fn remaining(limiter: &RateLimiter, decision: RateDecision) -> Option<u64> {
     match decision {
-        RateDecision::Allowed { headers } => Some(header(&headers.to_header_map(), &RATELIMIT_REMAINING)),
+        RateDecision::Allowed { count } => Some(header(&fields(limiter, count), &RATELIMIT_REMAINING)),
         RateDecision::Limited { .. } => None,
     }
 }
@@ -88,7 +122,7 @@ async fn an_unchanged_spec_keeps_the_limiter_and_its_buckets() {
     let raised = spec(3, 60, v1::RateLimitKey::Ip);
     let changed = RateLimiter::compile(&raised, "shop", Some(&toggled), &ctx).unwrap();
     assert!(!Arc::ptr_eq(&toggled, &changed));
-    assert_eq!(remaining(check(&changed, "192.0.2.1", &headers).await), Some(2));
+    assert_eq!(remaining(&changed, check(&changed, "192.0.2.1", &headers).await), Some(2));
 
     // Another API never inherits a limiter, even with the same spec.
     let other = RateLimiter::compile(&raised, "billing", Some(&changed), &ctx).unwrap();
@@ -102,14 +136,15 @@ async fn five_per_minute_then_429_with_headers() {
     let headers = HeaderMap::new();
     for expected in (0..5).rev() {
         match check(&limiter, "192.0.2.1", &headers).await {
-            RateDecision::Allowed { headers } => {
-                let headers = headers.to_header_map();
+            RateDecision::Allowed { count } => {
+                let headers = fields(&limiter, count);
                 assert_eq!(header(&headers, &RATELIMIT_LIMIT), 5);
                 assert_eq!(header(&headers, &RATELIMIT_REMAINING), expected);
                 // One 12 s interval per spent request until the bucket is full.
                 let reset = header(&headers, &RATELIMIT_RESET);
                 assert!((12 * (5 - expected) - 1..=12 * (5 - expected)).contains(&reset), "reset {reset}");
                 assert_eq!(headers[&RATELIMIT_POLICY], "5;w=60");
+                assert_eq!(as_lines(&limiter, count), lines_of(&headers));
             }
             RateDecision::Limited { .. } => panic!("request {} was limited", 5 - expected),
         }
@@ -132,7 +167,7 @@ async fn five_per_minute_then_429_with_headers() {
     assert!(body["detail"].as_str().unwrap().contains("5 requests per minute"));
 
     // Buckets are per key: another client is untouched.
-    assert_eq!(remaining(check(&limiter, "192.0.2.2", &headers).await), Some(4));
+    assert_eq!(remaining(&limiter, check(&limiter, "192.0.2.2", &headers).await), Some(4));
 }
 
 #[tokio::test]
