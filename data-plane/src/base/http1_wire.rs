@@ -111,6 +111,15 @@ impl<'f> HeadFields<'f> {
         self.iter().filter(move |(spelled, _)| is_named(spelled, name)).map(|(_, value)| value)
     }
 
+    /// `part` as bytes that share the head's buffer, when it lies in the
+    /// head (as every part of the request line does): a path cut out of
+    /// the request's target then costs no copy.
+    pub fn share(self, part: &[u8]) -> Option<Bytes> {
+        let (start, head) = (part.as_ptr() as usize, self.head.as_ptr() as usize);
+        let inside = start >= head && start + part.len() <= head + self.head.len();
+        inside.then(|| self.head.slice_ref(part))
+    }
+
     /// Appends the client's fields to `headers` (not the one the gateway
     /// adds, whose value the caller may hold already, nor those moved there before).
     pub fn append_to(self, headers: &mut HeaderMap) -> Result<(), InvalidField> {

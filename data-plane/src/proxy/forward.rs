@@ -90,7 +90,7 @@ impl<'a> Outgoing<'a> {
         let path_and_query = match raw_path {
             // The query as the policies left it (an API key may have been taken out).
             Some(raw) => with_query(raw.path(), parts.uri.query())?,
-            None => upstream_path(&api.prefix, api.strip_prefix, &parts.uri)?,
+            None => upstream_path(&api.prefix, api.strip_prefix, &parts.uri, as_sent)?,
         };
         let mut headers = parts.headers;
         strip_hop_by_hop(&mut headers);
@@ -336,12 +336,25 @@ fn finish_response(
 }
 
 /// The upstream path: the client's path and query, minus the API prefix when `strip_prefix` is set.
-fn upstream_path(prefix: &str, strip: bool, uri: &Uri) -> Result<PathAndQuery, ProxyError> {
+/// The path and query sent to the target: the client's, less the API's
+/// prefix when it strips it. `as_sent`: the client's head, which a stripped
+/// path still lying in it (the request's target as sent) shares, not copies.
+fn upstream_path(
+    prefix: &str,
+    strip: bool,
+    uri: &Uri,
+    as_sent: Option<HeadFields<'_>>,
+) -> Result<PathAndQuery, ProxyError> {
     let original = uri.path_and_query().map_or("/", PathAndQuery::as_str);
     if !strip || prefix.is_empty() {
         return Ok(uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/")));
     }
     let rest = original.strip_prefix(prefix).unwrap_or(original);
+    if let Some(shared) = as_sent.filter(|_| rest.starts_with('/')).and_then(|head| head.share(rest.as_bytes()))
+        && let Ok(path) = PathAndQuery::from_maybe_shared(shared)
+    {
+        return Ok(path);
+    }
     let rewritten = if rest.starts_with('/') { rest.to_string() } else { format!("/{rest}") };
     PathAndQuery::try_from(rewritten).map_err(|e| ProxyError::BadRequest(format!("cannot rewrite path: {e}")))
 }
@@ -389,6 +402,7 @@ pub(super) fn named_in_connection(headers: &HeaderMap) -> Vec<HeaderName> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
 
     #[test]
     fn hop_by_hop_table() {
@@ -426,15 +440,24 @@ mod tests {
     #[test]
     fn strip_prefix_table() {
         let cases = [
-            ("/shop", true, "/shop/items?x=1", "/items?x=1"),
-            ("/shop", true, "/shop", "/"),
-            ("/shop", true, "/shop?x=1", "/?x=1"),
-            ("/shop", false, "/shop/items", "/shop/items"),
-            ("", true, "/items", "/items"),
+            // Whether the path sent is the client's target or a part of it, shared: the rest is copied.
+            ("/shop", true, "/shop/items?x=1", "/items?x=1", true),
+            ("/shop", true, "/shop", "/", false),
+            ("/shop", true, "/shop?x=1", "/?x=1", false),
+            ("/shop", false, "/shop/items", "/shop/items", true),
+            ("", true, "/items", "/items", true),
         ];
-        for (prefix, strip, input, want) in cases {
+        for (prefix, strip, input, want, shared) in cases {
             let uri: Uri = input.parse().unwrap();
-            assert_eq!(upstream_path(prefix, strip, &uri).unwrap().as_str(), want, "{prefix} {input}");
+            assert_eq!(upstream_path(prefix, strip, &uri, None).unwrap().as_str(), want, "{prefix} {input}");
+            // The same with the client's head, whose target the URI shares (as `proxy::http1` parses it):
+            // a stripped path that still lies in it is shared, not copied.
+            let head = Bytes::from(format!("GET {input} HTTP/1.1\r\n\r\n"));
+            let target = head.slice(4..4 + input.len());
+            let uri = Uri::from(PathAndQuery::from_maybe_shared(target).unwrap());
+            let path = upstream_path(prefix, strip, &uri, Some(HeadFields::new(&head, &[]))).unwrap();
+            assert_eq!(path.as_str(), want, "{prefix} {input}");
+            assert_eq!(head.as_ptr_range().contains(&path.as_str().as_ptr()), shared, "{prefix} {input}");
         }
     }
 }
