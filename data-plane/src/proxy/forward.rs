@@ -335,7 +335,6 @@ fn finish_response(
     response
 }
 
-/// The upstream path: the client's path and query, minus the API prefix when `strip_prefix` is set.
 /// The path and query sent to the target: the client's, less the API's
 /// prefix when it strips it. `as_sent`: the client's head, which a stripped
 /// path still lying in it (the request's target as sent) shares, not copies.
