@@ -15,6 +15,7 @@ use hmac::{Hmac, Mac as _};
 use http::HeaderValue;
 use sha2::Sha256;
 use sluice_proto::v1;
+use smallvec::SmallVec;
 
 use super::auth_failures::{LoginGuard, Subject};
 use super::password::{Busy, StoredHash};
@@ -51,10 +52,14 @@ impl From<Busy> for NotChecked {
 #[derive(Debug, PartialEq, Eq)]
 pub enum Presented {
     /// `user:password` as decoded (the password may be any bytes).
-    Credentials(Vec<u8>),
+    Credentials(Credentials),
     /// The Basic scheme with a value that is not base64 `user:password`.
     Malformed,
 }
+
+/// Decoded `user:password`, on the stack up to a length no usual
+/// credential reaches: decoding costs no allocation per request.
+pub type Credentials = SmallVec<[u8; 96]>;
 
 #[derive(Debug)]
 pub struct BasicAuth {
@@ -110,8 +115,13 @@ impl BasicAuth {
         if !scheme.eq_ignore_ascii_case("basic") {
             return None;
         }
-        match STANDARD.decode(token.trim()) {
-            Ok(decoded) if decoded.contains(&b':') => Some(Presented::Credentials(decoded)),
+        let token = token.trim();
+        let mut decoded = Credentials::from_elem(0, base64::decoded_len_estimate(token.len()));
+        match STANDARD.decode_slice(token, &mut decoded) {
+            Ok(length) if decoded[..length].contains(&b':') => {
+                decoded.truncate(length);
+                Some(Presented::Credentials(decoded))
+            }
             _ => Some(Presented::Malformed),
         }
     }
@@ -242,9 +252,13 @@ mod tests {
     #[test]
     fn presented_table() {
         let ok = format!("Basic {}", STANDARD.encode("ann:s3cr:et"));
+        let long_credentials = format!("ann:{}", "p".repeat(200));
+        let long = format!("Basic {}", STANDARD.encode(&long_credentials));
         let cases: Vec<(String, Option<Presented>)> = vec![
-            (ok.clone(), Some(Presented::Credentials(b"ann:s3cr:et".to_vec()))),
-            (ok.replace("Basic", "basic"), Some(Presented::Credentials(b"ann:s3cr:et".to_vec()))),
+            (ok.clone(), Some(Presented::Credentials(Credentials::from_slice(b"ann:s3cr:et")))),
+            (ok.replace("Basic", "basic"), Some(Presented::Credentials(Credentials::from_slice(b"ann:s3cr:et")))),
+            // Longer than the stack room: the same, from the heap.
+            (long.clone(), Some(Presented::Credentials(Credentials::from_slice(long_credentials.as_bytes())))),
             ("Basic !!!".into(), Some(Presented::Malformed)),
             (format!("Basic {}", STANDARD.encode("no-colon")), Some(Presented::Malformed)),
             ("Basic".into(), Some(Presented::Malformed)),
