@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Empty, Full};
+use http_body_util::{BodyExt, Full};
 
 use crate::upstream::ResponseBody;
 
@@ -100,22 +100,66 @@ impl std::error::Error for BodyError {
 /// Body of a request on its way upstream. Its error is boxed, not
 /// `hyper::Error`, because the policy chain wraps the client's body (size
 /// limit while streaming, buffered for validation) and must be able to fail it.
-pub type RequestBody = BoxBody<Bytes, BoxError>;
+/// A body known whole (one that arrived with its head, an empty one) is
+/// not boxed: a box per request with a body cost an allocation.
+pub enum RequestBody {
+    /// Its bytes, until they are taken: empty, it has ended.
+    Whole(Bytes),
+    Boxed(BoxBody<Bytes, BoxError>),
+}
+
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl RequestBody {
+    /// Any other body, boxed.
+    pub fn boxed<B>(body: B) -> Self
+    where
+        B: Body<Data = Bytes, Error = BoxError> + Send + Sync + 'static,
+    {
+        RequestBody::Boxed(body.boxed())
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            RequestBody::Whole(bytes) if bytes.is_empty() => Poll::Ready(None),
+            RequestBody::Whole(bytes) => Poll::Ready(Some(Ok(Frame::data(std::mem::take(bytes))))),
+            RequestBody::Boxed(body) => Pin::new(body).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            RequestBody::Whole(bytes) => bytes.is_empty(),
+            RequestBody::Boxed(body) => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            RequestBody::Whole(bytes) => SizeHint::with_exact(bytes.len() as u64),
+            RequestBody::Boxed(body) => body.size_hint(),
+        }
+    }
+}
 
 /// A fully known response body in the proxy's body type.
 pub fn full_body(bytes: Bytes) -> ProxyBody {
     boxed_body(Full::new(bytes).map_err(|never| match never {}))
 }
 
-/// A fully known request body (one buffered for validation).
+/// A fully known request body (one that arrived with its head, or buffered for validation).
 pub fn full_body_request(bytes: Bytes) -> RequestBody {
-    Full::new(bytes).map_err(|never| match never {}).boxed()
+    RequestBody::Whole(bytes)
 }
 
-/// An empty request body, which (unlike a `Full` one) boxes without allocating.
+/// An empty request body.
 pub fn empty_body_request() -> RequestBody {
-    Empty::new().map_err(|never| match never {}).boxed()
+    RequestBody::Whole(Bytes::new())
 }
 
 /// How the client's request body ended, shared by the layers that read it:
@@ -237,6 +281,18 @@ impl BodyStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_whole_request_body_yields_its_bytes_once_and_an_empty_one_nothing() {
+        let body = full_body_request(Bytes::from_static(b"hello"));
+        assert_eq!(body.size_hint().exact(), Some(5));
+        assert!(!body.is_end_stream());
+        assert_eq!(body.collect().await.unwrap().to_bytes(), "hello");
+        let empty = empty_body_request();
+        assert_eq!(empty.size_hint().exact(), Some(0));
+        assert!(empty.is_end_stream());
+        assert!(empty.collect().await.unwrap().to_bytes().is_empty());
+    }
 
     #[test]
     fn a_body_being_read_counts_its_bytes_and_keeps_its_first_ending() {

@@ -69,8 +69,12 @@ impl BodyLimit {
         // A body that was not watched (a request built in a test) gets a status of its own.
         let status = status.unwrap_or_default();
         let body = std::mem::replace(request.body_mut(), empty_body_request());
-        *request.body_mut() =
-            LimitedBody { inner: body, remaining: policy.max, max: policy.max, status: status.clone() }.boxed();
+        *request.body_mut() = RequestBody::boxed(LimitedBody {
+            inner: body,
+            remaining: policy.max,
+            max: policy.max,
+            status: status.clone(),
+        });
         Ok(BodyLimit { max, status: Some(status) })
     }
 
@@ -235,7 +239,7 @@ mod tests {
 
     fn chunked(chunks: &[&'static [u8]]) -> RequestBody {
         let frames = chunks.iter().map(|c| Ok::<_, BoxError>(Frame::data(Bytes::from_static(c)))).collect::<Vec<_>>();
-        StreamBody::new(stream::iter(frames)).boxed()
+        RequestBody::boxed(StreamBody::new(stream::iter(frames)))
     }
 
     fn request(content_length: Option<&str>, body: RequestBody) -> Request<RequestBody> {

@@ -11,7 +11,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::Request;
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::BodyExt as _;
 use tokio::time::{Instant, Sleep};
 
 use crate::base::{BodyStatus, BoxError, ClientFault, RequestBody, empty_body_request};
@@ -51,7 +50,7 @@ where
     }
     let status = BodyStatus::default();
     let body = ClientBody { inner: body, timeout, deadline: started + timeout, timer: None, status: status.clone() };
-    (body.boxed(), Some(status))
+    (RequestBody::boxed(body), Some(status))
 }
 
 struct ClientBody<B> {

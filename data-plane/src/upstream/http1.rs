@@ -1092,7 +1092,7 @@ mod tests {
         let (connection, mut far, target, _pool) = loopback().await;
         let frames =
             (0..SIZE / (64 * 1024)).map(|_| Ok::<_, BoxError>(Frame::data(Bytes::from(vec![b'x'; 64 * 1024]))));
-        let body = StreamBody::new(futures_util::stream::iter(frames)).boxed();
+        let body = RequestBody::boxed(StreamBody::new(futures_util::stream::iter(frames)));
         let mut request = Request::put("/upload").body(body).unwrap();
         request.headers_mut().insert(header::HOST, HeaderValue::from_static("t"));
         let exchange = tokio::spawn(connection.exchange(request, target.clone(), later(), OwnHeads::default()));
@@ -1117,7 +1117,7 @@ mod tests {
         let (connection, mut far, target, _pool) = loopback().await;
         // An upload that never ends: the target answers without reading it.
         let (sender, receiver) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, BoxError>>(1);
-        let body = StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(receiver)).boxed();
+        let body = RequestBody::boxed(StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(receiver)));
         let mut request = Request::post("/upload").body(body).unwrap();
         request.headers_mut().insert(header::HOST, HeaderValue::from_static("t"));
         let feeder = tokio::spawn(async move {
