@@ -13,6 +13,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from lib.callgrind import dump_costs, self_costs  # noqa: E402
+from lib.gateways import core_cache  # noqa: E402
 
 # `main` executes 10 + 5 itself and calls `parse` twice (140 in all: `parse` executes 80 itself, and its
 # calls of `memcpy` 60); names are written once, then by number; a second object's `memcpy` adds up.
@@ -53,6 +54,29 @@ class SelfCostsTest(unittest.TestCase):
             events, _ = dump_costs(dump)
         self.assertEqual(costs, {"main": 15, "parse": 80, "memcpy": 60})
         self.assertEqual(sum(costs.values()), events["Ir"], "every instruction is some function's own")
+
+
+class CoreCacheTest(unittest.TestCase):
+    def write_cache(self, root: Path, levels: list[tuple[str, str, str, str]]) -> Path:
+        for i, (level, kind, size, ways) in enumerate(levels):
+            index = root / f"index{i}"
+            index.mkdir()
+            for name, value in [("level", level), ("type", kind), ("size", size),
+                                ("ways_of_associativity", ways), ("coherency_line_size", "64")]:
+                (index / name).write_text(value + "\n")
+        return root
+
+    def test_the_last_level_callgrind_simulates_is_the_cores_own_l2(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            cache = self.write_cache(Path(tmp), [("1", "Data", "48K", "12"), ("1", "Instruction", "64K", "16"),
+                                                 ("2", "Unified", "2048K", "16"), ("3", "Unified", "491520K", "16")])
+            self.assertEqual(core_cache(cache), ["--LL=2097152,16,64"])
+
+    def test_without_a_readable_l2_callgrind_keeps_its_own_choice(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            self.assertEqual(core_cache(Path(tmp) / "absent"), [])
+            cache = self.write_cache(Path(tmp), [("1", "Data", "48K", "12"), ("2", "Unified", "lots", "16")])
+            self.assertEqual(core_cache(cache), [])
 
 
 if __name__ == "__main__":

@@ -49,8 +49,6 @@ use crate::policy::{PolicyChain, RateCount};
 const MAX_HEAD: usize = 16 * 1024;
 /// Header fields in one head, as hyper allows; more go to hyper (431).
 const MAX_HEADERS: usize = 100;
-/// What a read asks the socket for at least.
-const READ_SIZE: usize = 8 * 1024;
 /// Response bytes gathered before they are written out.
 const WRITE_HIGH_WATER: usize = 64 * 1024;
 /// A write buffer grown past this by a large response is not kept between requests.
@@ -224,9 +222,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientConnection<S> {
                     Parsed::Partial | Parsed::Other => return Poll::Ready(Next::HandOff),
                 }
             }
-            if self.read.capacity() - self.read.len() < READ_SIZE / 4 {
-                self.read.reserve(READ_SIZE);
-            }
+            http1_wire::make_room(&mut self.read);
             match ready!(poll_read_buf(Pin::new(&mut self.stream), cx, &mut self.read)) {
                 Ok(0) if self.read.is_empty() => return Poll::Ready(Next::Close),
                 // Closed in the middle of a head: hyper answers what it has, as before.
@@ -387,9 +383,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientConnection<S> {
         if state.waiting.is_none() || state.data.is_some() || state.complete() || state.failed {
             return false;
         }
-        if self.read.capacity() - self.read.len() < READ_SIZE / 4 {
-            self.read.reserve(READ_SIZE);
-        }
+        http1_wire::make_room(&mut self.read);
         match poll_read_buf(Pin::new(&mut self.stream), cx, &mut self.read) {
             Poll::Pending => return false,
             Poll::Ready(Ok(0) | Err(_)) => state.failed = true,

@@ -41,8 +41,6 @@ const MAX_HEADERS: usize = 128;
 /// The most a chunk-size line (with its extensions) or the trailer section may take.
 const MAX_CHUNK_LINE: usize = 4 * 1024;
 const MAX_TRAILERS: usize = 16 * 1024;
-/// What a read asks the socket for at least.
-const READ_SIZE: usize = 8 * 1024;
 /// Request body bytes gathered before they are written out.
 const WRITE_HIGH_WATER: usize = 64 * 1024;
 /// A write buffer grown past this by a large upload is not kept while idle.
@@ -146,7 +144,7 @@ impl Connection {
         if !self.read.is_empty() {
             return false;
         }
-        self.make_room();
+        http1_wire::make_room(&mut self.read);
         match &mut self.io {
             // A plain socket's readiness is looked at without registering a
             // waker (a lock of its waiter list), which the exchange does next anyway.
@@ -158,15 +156,8 @@ impl Connection {
     }
 
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        self.make_room();
+        http1_wire::make_room(&mut self.read);
         poll_read_buf(Pin::new(&mut self.io), cx, &mut self.read)
-    }
-
-    /// Room for a read: a read into a full buffer would read nothing, as at the end of the stream.
-    fn make_room(&mut self) {
-        if self.read.capacity() - self.read.len() < READ_SIZE / 4 {
-            self.read.reserve(READ_SIZE);
-        }
     }
 
     /// Writes what is buffered; `Ready(Ok)` once all of it is out and flushed.
