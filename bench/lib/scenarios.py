@@ -127,6 +127,24 @@ def proxy(ctx: Context) -> dict:
 
 # --- secured: Membrane test 2 -------------------------------------------------
 
+def secured_config(certs, addr_tls: str, addr_plain: str) -> dict:
+    """Sluice's side of `secured` (also bench/compare's): HTTPS in with `certs`' leaf, /shop/v2 behind basic
+    auth and a per-consumer rate limit that never rejects, to the TLS upstream at `addr_tls`; /plain the same
+    request proxied in plain text to `addr_plain`, for the secured/proxy ratio."""
+    return {
+        "certificates": [{"name": "bench", "chain": certs.leaf.read_text(), "key": certs.leaf_key.read_text(),
+                          "default": True}],
+        "upstreams": [upstream_cfg("backend-tls", [addr_tls], "https", tls={"ca_bundle": certs.ca.read_text()}),
+                      upstream_cfg("backend", [addr_plain])],
+        "consumers": [{"username": BASIC_USER, "basic_auth": {"password": BASIC_PASSWORD}}],
+        "apis": [
+            {"name": "shop", "path_prefix": "/shop/v2", "upstream": "backend-tls",
+             "policies": [{"basic_auth": {}},
+                          {"rate_limit": {"requests": 1_000_000_000, "per": "1h", "key": "consumer"}}]},
+            {"name": "plain", "path_prefix": "/plain", "strip_prefix": True, "upstream": "backend"},
+        ]}
+
+
 def secured(ctx: Context) -> dict:
     with scenario(ctx, "secured") as stack:
         d = stack.dir
@@ -134,19 +152,7 @@ def secured(ctx: Context) -> dict:
         addr_tls = stack.upstream("u-tls", tls=certs)
         addr = stack.upstream("u-plain")
         sluice = stack.sluice()
-        sluice.configure({
-            "certificates": [{"name": "bench", "chain": certs.leaf.read_text(), "key": certs.leaf_key.read_text(),
-                              "default": True}],
-            "upstreams": [upstream_cfg("backend-tls", [addr_tls], "https", tls={"ca_bundle": certs.ca.read_text()}),
-                          upstream_cfg("backend", [addr])],
-            "consumers": [{"username": BASIC_USER, "basic_auth": {"password": BASIC_PASSWORD}}],
-            "apis": [
-                {"name": "shop", "path_prefix": "/shop/v2", "upstream": "backend-tls",
-                 "policies": [{"basic_auth": {}},
-                              {"rate_limit": {"requests": 1_000_000_000, "per": "1h", "key": "consumer"}}]},
-                # Sluice's own plain proxy of the same request, for the secured/proxy ratio.
-                {"name": "plain", "path_prefix": "/plain", "strip_prefix": True, "upstream": "backend"},
-            ]})
+        sluice.configure(secured_config(certs, addr_tls, addr))
         body = stack.file("body.json", body_1066())
         dp = sluice.dps[0]
         secured_req = Request("POST", body, BASIC_HEADER)
