@@ -301,9 +301,10 @@ pub fn write_line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
 }
 
 /// What a read asks the socket for at least.
-pub const READ_SIZE: usize = 8 * 1024;
+const READ_SIZE: usize = 8 * 1024;
 
-/// Makes room in `buffer` for the next read. An emptied buffer that nothing
+/// Makes room in `buffer` for the next read (a read into a full buffer
+/// would read nothing, as at the end of the stream). An emptied buffer that nothing
 /// else holds any more (the last message's bytes have been dropped) starts
 /// again at its front, so every message on a connection lands in the same
 /// few cache lines: reading on from where the last one ended walked each
