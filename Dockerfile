@@ -21,6 +21,8 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
+# .cargo/config.toml comes with the source: the release build compiles with
+# the data plane's execution profile (data-plane/pgo/, README's "Benchmark").
 # The caches keep the registry and target folder between builds; the binaries
 # are copied out in the same step because a cache mount is gone afterwards.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \

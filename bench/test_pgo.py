@@ -1,0 +1,68 @@
+"""Which compilations data-plane/pgo/rustc-wrapper gives the data plane's profile (bench/README.md)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import unittest
+from pathlib import Path
+
+WRAPPER = Path(__file__).resolve().parent.parent / "data-plane" / "pgo" / "rustc-wrapper"
+
+# How cargo calls rustc for a dependency of a release build, and for one of a dev build.
+RELEASE = ["--crate-name", "tokio", "--edition=2021", "src/lib.rs", "-C", "opt-level=3", "-C", "lto"]
+DEV = ["--crate-name", "tokio", "--edition=2021", "src/lib.rs", "-C", "opt-level=1"]
+
+
+class RustcWrapper(unittest.TestCase):
+    def setUp(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="sluice-test-pgo-"))
+        self.addCleanup(shutil.rmtree, self.dir)
+        # The wrapper looks for the profile beside itself: a copy of it, with a profile or without.
+        self.wrapper = self.dir / "rustc-wrapper"
+        shutil.copy2(WRAPPER, self.wrapper)
+        self.profile = self.dir / "sluice-dp.profdata"
+        self.profile.write_bytes(b"counts")
+        # A rustc that prints the arguments it was given, one per line.
+        self.rustc = self.dir / "rustc"
+        self.rustc.write_text('#!/bin/sh\nfor arg in "$@"; do echo "$arg"; done\n')
+        self.rustc.chmod(0o755)
+
+    def compile(self, args: list[str], **env: str) -> list[str]:
+        out = subprocess.run([str(self.wrapper), str(self.rustc), *args], capture_output=True, text=True,
+                             check=True, env={**os.environ, **env})
+        return out.stdout.splitlines()
+
+    def test_a_release_compilation_gets_the_profile_beside_the_wrapper_by_its_absolute_path(self) -> None:
+        self.assertEqual(self.compile(RELEASE), [*RELEASE, f"-Cprofile-use={self.profile}"])
+
+    def test_opt_level_3_from_rustflags_counts_too(self) -> None:
+        args = ["--crate-name", "x", "src/lib.rs", "-Copt-level=3"]
+        self.assertEqual(self.compile(args), [*args, f"-Cprofile-use={self.profile}"])
+
+    def test_dev_builds_and_build_scripts_are_left_as_cargo_wrote_them(self) -> None:
+        self.assertEqual(self.compile(DEV), DEV)
+        script = ["--crate-name", "build_script_build", "build.rs", "-C", "opt-level=0"]
+        self.assertEqual(self.compile(script), script)
+        self.assertEqual(self.compile(["-vV"]), ["-vV"])
+
+    def test_a_build_that_names_a_profile_itself_keeps_only_its_own(self) -> None:
+        instrumented = [*RELEASE, "-Cprofile-generate=/tmp/counts"]
+        self.assertEqual(self.compile(instrumented), instrumented)
+        other = [*RELEASE, "-C", "profile-use=/elsewhere.profdata"]
+        self.assertEqual(self.compile(other), other)
+
+    def test_sluice_pgo_off_or_no_profile_leaves_the_release_build_without_one(self) -> None:
+        self.assertEqual(self.compile(RELEASE, SLUICE_PGO="off"), RELEASE)
+        self.profile.unlink()
+        self.assertEqual(self.compile(RELEASE), RELEASE)
+
+    def test_arguments_with_spaces_reach_rustc_whole(self) -> None:
+        args = ["--cfg", 'feature="a b"', "-C", "opt-level=3"]
+        self.assertEqual(self.compile(args), [*args, f"-Cprofile-use={self.profile}"])
+
+
+if __name__ == "__main__":
+    unittest.main()
