@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import unittest
 from pathlib import Path
@@ -14,6 +15,8 @@ WRAPPER = Path(__file__).resolve().parent.parent / "data-plane" / "pgo" / "rustc
 # How cargo calls rustc for a dependency of a release build, and for one of a dev build.
 RELEASE = ["--crate-name", "tokio", "--edition=2021", "src/lib.rs", "-C", "opt-level=3", "-C", "lto"]
 DEV = ["--crate-name", "tokio", "--edition=2021", "src/lib.rs", "-C", "opt-level=1"]
+# What cargo sets for an integration test's `env!`: a name that is no shell identifier.
+BIN_VARIABLE = "CARGO_BIN_EXE_sluice-dp"
 
 
 class RustcWrapper(unittest.TestCase):
@@ -25,15 +28,19 @@ class RustcWrapper(unittest.TestCase):
         shutil.copy2(WRAPPER, self.wrapper)
         self.profile = self.dir / "sluice-dp.profdata"
         self.profile.write_bytes(b"counts")
-        # A rustc that prints the arguments it was given, one per line.
+        # A rustc that prints the arguments it was given, one per line, then the one variable below.
         self.rustc = self.dir / "rustc"
-        self.rustc.write_text('#!/bin/sh\nfor arg in "$@"; do echo "$arg"; done\n')
+        self.rustc.write_text(f"#!{sys.executable}\nimport os, sys\nprint(*sys.argv[1:], sep='\\n')\n"
+                              f"print('{BIN_VARIABLE}=' + os.environ.get('{BIN_VARIABLE}', 'unset'))\n")
         self.rustc.chmod(0o755)
 
     def compile(self, args: list[str], **env: str) -> list[str]:
+        """The arguments rustc was given, checking that cargo's variables reached it."""
         out = subprocess.run([str(self.wrapper), str(self.rustc), *args], capture_output=True, text=True,
-                             check=True, env={**os.environ, **env})
-        return out.stdout.splitlines()
+                             check=True, env={**os.environ, BIN_VARIABLE: "/bin/dp", **env})
+        *given, variable = out.stdout.splitlines()
+        self.assertEqual(variable, f"{BIN_VARIABLE}=/bin/dp", "a variable cargo set did not reach rustc")
+        return given
 
     def test_a_release_compilation_gets_the_profile_beside_the_wrapper_by_its_absolute_path(self) -> None:
         self.assertEqual(self.compile(RELEASE), [*RELEASE, f"-Cprofile-use={self.profile}"])
