@@ -5,8 +5,10 @@
 //! path for a known client costs one HMAC and one map lookup, like an API
 //! key. A username that failed too often is refused before any hash runs
 //! (`auth_failures`), and an unknown username costs what a known one does.
+//! Requests that bring the same credential while it is being verified wait
+//! for that one run (see [`LoginCache::verified`]).
 
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -16,6 +18,7 @@ use http::HeaderValue;
 use sha2::Sha256;
 use sluice_proto::v1;
 use smallvec::SmallVec;
+use tokio::sync::watch;
 
 use super::auth_failures::{LoginGuard, Subject};
 use super::password::{Busy, StoredHash};
@@ -146,12 +149,10 @@ impl BasicAuth {
             return Err(NotChecked::Limited(retry));
         }
         let hash = user.map_or_else(|| self.decoy.clone(), |user| user.hash.clone());
-        let matched = guard.passwords.verify(hash, credentials[colon + 1..].to_vec()).await?;
+        let good = user.map(|user| &user.phc);
+        let matched = self.cache.verified(digest, hash, good, || credentials[colon + 1..].to_vec(), guard).await?;
         match user {
-            Some(user) if matched => {
-                self.cache.remember(digest, user.phc.clone());
-                Ok(Some(user.name.clone()))
-            }
+            Some(user) if matched => Ok(Some(user.name.clone())),
             _ => {
                 guard.failures.record(Subject::Username(username));
                 Ok(None)
@@ -169,6 +170,46 @@ pub struct LoginCache {
     /// Not SipHash: a key is an HMAC under the process's secret key, so no
     /// client can choose keys that collide.
     entries: RwLock<FastMap<[u8; 32], Arc<str>>>,
+    /// Verifications under way, by the same digests.
+    running: Mutex<FastMap<[u8; 32], Running>>,
+}
+
+/// One argon2 run under way, which requests bringing the same credential
+/// wait for.
+struct Running {
+    /// What it checks against: a request whose snapshot has another hash for
+    /// the user (the password changed meanwhile) runs its own.
+    hash: Arc<StoredHash>,
+    /// `None` until it ends.
+    outcome: watch::Receiver<Option<Result<bool, Busy>>>,
+}
+
+/// What a request does about a credential not known yet.
+enum Turn {
+    Wait(watch::Receiver<Option<Result<bool, Busy>>>),
+    Run(Publisher),
+}
+
+/// The run's end, told to those waiting for it. Dropped without telling (the
+/// request that ran it went away), it still leaves the table, and each one
+/// waiting then runs it again in turn.
+struct Publisher {
+    cache: Arc<LoginCache>,
+    digest: [u8; 32],
+    outcome: watch::Sender<Option<Result<bool, Busy>>>,
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        let mut running = lock(&self.cache.running);
+        if running.get(&self.digest).is_some_and(|run| run.outcome.same_channel(&self.outcome.subscribe())) {
+            running.remove(&self.digest);
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl std::fmt::Debug for LoginCache {
@@ -184,7 +225,58 @@ impl LoginCache {
             Ok(mac) => mac,
             Err(_) => unreachable!("HMAC takes keys of any length"),
         };
-        LoginCache { mac, entries: RwLock::default() }
+        LoginCache { mac, entries: RwLock::default(), running: Mutex::default() }
+    }
+
+    /// Whether the password of the credential of `digest` matches `hash`,
+    /// by argon2 on the pool; a match against `good` (the user's current
+    /// hash; `None` for the decoy) is remembered before anyone hears of it.
+    ///
+    /// Argon2 runs once for a credential however many requests bring it at
+    /// once. A data plane that has just started, or a client that opens many
+    /// connections together, sends a burst of requests with one credential
+    /// nobody has verified yet; one run each would take a core for seconds
+    /// and fill the pool's queue, so the rest of the burst, and every other
+    /// client's login, would be refused as busy.
+    async fn verified(
+        self: &Arc<Self>,
+        digest: [u8; 32],
+        hash: Arc<StoredHash>,
+        good: Option<&Arc<str>>,
+        password: impl Fn() -> Vec<u8>,
+        guard: &LoginGuard,
+    ) -> Result<bool, Busy> {
+        loop {
+            let publisher = match self.turn(digest, &hash) {
+                Turn::Wait(mut outcome) => match outcome.wait_for(Option::is_some).await.ok().and_then(|told| *told) {
+                    Some(outcome) => return outcome,
+                    // The run ended untold: try again, perhaps running it now.
+                    None => continue,
+                },
+                Turn::Run(publisher) => publisher,
+            };
+            let outcome = guard.passwords.verify(hash.clone(), password()).await;
+            if let (Ok(true), Some(phc)) = (outcome, good) {
+                self.remember(digest, phc.clone());
+            }
+            // Nobody may be waiting: nothing to tell then.
+            let _ = publisher.outcome.send(Some(outcome));
+            return outcome;
+        }
+    }
+
+    fn turn(self: &Arc<Self>, digest: [u8; 32], hash: &Arc<StoredHash>) -> Turn {
+        let mut running = lock(&self.running);
+        if let Some(run) = running.get(&digest)
+            && Arc::ptr_eq(&run.hash, hash)
+        {
+            return Turn::Wait(run.outcome.clone());
+        }
+        // Another run for this credential, against another hash, is left to
+        // finish untouched: its Publisher removes only its own entry.
+        let (outcome, receiver) = watch::channel(None);
+        running.insert(digest, Running { hash: hash.clone(), outcome: receiver });
+        Turn::Run(Publisher { cache: self.clone(), digest, outcome })
     }
 
     fn digest(&self, credentials: &[u8]) -> [u8; 32] {
@@ -222,6 +314,7 @@ impl LoginCache {
 mod tests {
     use super::*;
     use crate::policy::auth_failures::AuthFailures;
+    use crate::policy::password::VerifierPool;
     use argon2::{Argon2, PasswordHasher as _};
 
     fn phc(password: &str) -> String {
@@ -332,6 +425,59 @@ mod tests {
             assert_eq!(auth.verify(b"nobody:x", &guard).await, Ok(None));
         }
         assert!(matches!(auth.verify(b"nobody:x", &guard).await, Err(NotChecked::Limited(_))));
+    }
+
+    /// A guard whose pool runs one check at a time and queues none: a second
+    /// argon2 run at the same time would be refused as busy.
+    fn one_at_a_time() -> LoginGuard {
+        LoginGuard { passwords: Arc::new(VerifierPool::new(1, 0)), ..LoginGuard::default() }
+    }
+
+    #[tokio::test]
+    async fn a_burst_with_one_new_credential_runs_argon2_once() {
+        let auth = BasicAuth::compile(&v1::BasicAuth::default(), "a", &[consumer("ann", phc("right"))], None).unwrap();
+        let guard = one_at_a_time();
+        let burst = (0..40).map(|_| auth.verify(b"ann:right", &guard));
+        for verdict in futures_util::future::join_all(burst).await {
+            assert_eq!(verdict, Ok(Some("ann".into())));
+        }
+        // The same for a wrong password: one run, every request refused.
+        let burst = (0..40).map(|_| auth.verify(b"ann:wrong", &guard));
+        for verdict in futures_util::future::join_all(burst).await {
+            assert_eq!(verdict, Ok(None));
+        }
+        assert!(lock(&auth.cache.running).is_empty(), "finished runs leave the table");
+        // Two different credentials at once are two runs: the second finds the pool full.
+        let other = BasicAuth::compile(&v1::BasicAuth::default(), "a", &[consumer("bob", phc("b"))], None).unwrap();
+        let (first, second) = tokio::join!(other.verify(b"bob:b", &guard), other.verify(b"bob:c", &guard));
+        assert_eq!(first, Ok(Some("bob".into())));
+        assert_eq!(second, Err(NotChecked::Busy));
+    }
+
+    #[tokio::test]
+    async fn those_waiting_run_it_themselves_when_the_request_running_it_goes_away() {
+        let auth = BasicAuth::compile(&v1::BasicAuth::default(), "a", &[consumer("ann", phc("right"))], None).unwrap();
+        let guard = one_at_a_time();
+        let mut running = Box::pin(auth.verify(b"ann:right", &guard));
+        assert!(futures_util::poll!(running.as_mut()).is_pending());
+        let mut waiting = Box::pin(auth.verify(b"ann:right", &guard));
+        assert!(futures_util::poll!(waiting.as_mut()).is_pending());
+        // The client that brought it first hangs up.
+        drop(running);
+        assert_eq!(waiting.await, Ok(Some("ann".into())));
+        assert!(lock(&auth.cache.running).is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_run_against_an_old_hash_is_not_waited_for_by_a_newer_snapshot() {
+        let old = BasicAuth::compile(&v1::BasicAuth::default(), "a", &[consumer("ann", phc("old"))], None).unwrap();
+        let new =
+            BasicAuth::compile(&v1::BasicAuth::default(), "a", &[consumer("ann", phc("new"))], Some(&old)).unwrap();
+        let guard = LoginGuard { passwords: Arc::new(VerifierPool::new(2, 0)), ..LoginGuard::default() };
+        // The same credential at once under both snapshots: each is checked against its own hash.
+        let (under_old, under_new) = tokio::join!(old.verify(b"ann:new", &guard), new.verify(b"ann:new", &guard));
+        assert_eq!(under_old, Ok(None));
+        assert_eq!(under_new, Ok(Some("ann".into())));
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! `sluice-test-upstream --record` that prints what reached it: broken and
 //! over-limit bodies must not eject a healthy target, slow bodies end in 408
 //! on every route without a complete request reaching the upstream, password
-//! guessing is limited before any hash is computed, and oversized tokens and
+//! guessing is limited before any hash is computed, a burst with one
+//! credential costs one hash, and oversized tokens and
 //! credentialed wildcard CORS are refused.
 
 use std::time::Duration;
@@ -323,6 +324,28 @@ async fn a_username_is_limited_across_addresses_and_unknown_ones_cost_a_hash_too
     assert_eq!(guess("nobody:x", 20).await?.status().as_u16(), 401);
     assert_eq!(verifications(&dp).await?, before + 1.0);
     assert_eq!(upstream.heads("/guess"), 0);
+    Ok(())
+}
+
+/// A data plane that has just started meets a burst of requests with one
+/// credential it has not verified yet (here 32 connections at once): one
+/// argon2 run serves them all, instead of one each filling the password
+/// pool's queue so that the rest of the burst is refused as busy.
+#[tokio::test]
+async fn a_burst_with_one_credential_costs_one_argon2_run() -> Result<()> {
+    let upstream = RecordingUpstream::start().await?;
+    let (_cp, dp) = DataPlane::running(basic_auth_snapshot(&upstream, 8 * 1024)?, &[]).await?;
+    let burst = (0..32).map(|_| {
+        // A client each: a connection each.
+        let url = dp.url("/burst");
+        async move { client().get(url).header("authorization", basic("ann:right")).send().await }
+    });
+    for response in futures_util::future::join_all(burst).await {
+        assert_eq!(response?.status().as_u16(), 200);
+    }
+    assert_eq!(verifications(&dp).await?, 1.0, "stderr:\n{}", dp.process.stderr());
+    eventually("32 requests at the upstream", Duration::from_millis(20), || async { upstream.heads("/burst") == 32 })
+        .await?;
     Ok(())
 }
 
