@@ -24,7 +24,7 @@ def gateway(requests: int, cpu_s: float, p99_ms: float, rounds: int = 3) -> dict
            "p99_us": int(p99_ms * 1000), "p999_us": int(p99_ms * 1500), "errors": 0, "connections": 174,
            "gateway_cpu_s": cpu_s, "wall_s": 10.0, "cpu_us_per_req": cpu_s / requests * 1e6,
            "user_us_per_req": cpu_s / requests * 4e5, "kernel_us_per_req": cpu_s / requests * 6e5,
-           "rss_load_kb": 20_000}
+           "sleeps_per_req": 0.25, "rss_load_kb": 20_000}
     return summarize([dict(run) for _ in range(rounds)], 10_000)
 
 
@@ -103,7 +103,7 @@ class ReportTest(unittest.TestCase):
                       "2026-12-02 12:00 UTC, Sluice at git abc1234", md)
         # The headline line per scenario, and Sluice's ratio in bold in its table.
         self.assertIn("| proxy | 30,000 | 24,000 | 20,000 | **1.25x** | 1.25x |", md)
-        self.assertIn("| sluice | 30,000 | **1.25x** | 30,000 | 5.00 | 1.25x | 1.00 |", md)
+        self.assertIn("| sluice | 30,000 | **1.25x** | 30,000 | 5.00 | 1.25x | 1.00 | 0.25 | 33.3 (13.3 + 20.0) |", md)
         for line in ("| pinned | proxy | requests per gateway CPU-second ≥ 1.2x nginx | 1.25x | **met** |",
                      "| pinned | proxy | p99 ≤ nginx's | 1.25x | **missed** |",
                      "| pinned | secured | requests per gateway CPU-second ≥ 1.5x nginx | 1.20x | **missed** |",

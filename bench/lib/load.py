@@ -72,6 +72,7 @@ def wrk(target: Target, connections: int, duration: float, layout: Layout,
 
     sampler_thread = threading.Thread(target=sampler, daemon=True)
     user_before, kernel_before = target.gateway.cpu_split()
+    sleeps_before = target.gateway.sleeps()
     started = time.monotonic()
     if sample_rss:
         sampler_thread.start()
@@ -81,6 +82,7 @@ def wrk(target: Target, connections: int, duration: float, layout: Layout,
         done.set()
     wall = time.monotonic() - started
     user_after, kernel_after = target.gateway.cpu_split()
+    sleeps = target.gateway.sleeps() - sleeps_before
     user, kernel = user_after - user_before, kernel_after - kernel_before
     cpu = user + kernel
     line = next((l for l in run.stdout.splitlines() if l.startswith("BENCH_JSON ")), None)
@@ -101,6 +103,7 @@ def wrk(target: Target, connections: int, duration: float, layout: Layout,
         "cpu_us_per_req": per_request_us(cpu, result["requests"]),
         "user_us_per_req": per_request_us(user, result["requests"]),
         "kernel_us_per_req": per_request_us(kernel, result["requests"]),
+        "sleeps_per_req": sleeps / result["requests"] if result["requests"] else None,
         "rss_load_kb": max(peak),
     })
     return result
@@ -190,6 +193,7 @@ def summarize(runs: list[dict], rss_idle_kb: int) -> dict:
         "core_busy": spread([core_busy(r) for r in runs]),
         "user_us_per_req": spread([r.get("user_us_per_req") for r in runs]),
         "kernel_us_per_req": spread([r.get("kernel_us_per_req") for r in runs]),
+        "sleeps_per_req": spread([r.get("sleeps_per_req") for r in runs]),
         "rss_idle_kb": rss_idle_kb,
         "rss_load_kb": spread([r["rss_load_kb"] for r in runs]),
         "connections": runs[0]["connections"] if runs else None,

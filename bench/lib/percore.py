@@ -119,7 +119,7 @@ def summary(scenarios: dict) -> list[str]:
 
 def table(gateways: dict, ref: str) -> list[str]:
     head = (f"| gateway | req per gateway CPU-s | vs {ref} | req/s | p99 ms | p99 vs {ref} | gateway core busy | "
-            "CPU µs/req (user + kernel) | errors / requests |")
+            "gateway sleeps/req | CPU µs/req (user + kernel) | errors / requests |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     r = gateways.get(ref)
     for label, g in gateways.items():
@@ -129,7 +129,8 @@ def table(gateways: dict, ref: str) -> list[str]:
             f"| {label} | {spread(g.get('req_per_cpu_s'))} | "
             f"{rx(ratio(med(g, 'req_per_cpu_s'), med(r, 'req_per_cpu_s')), bold=label == 'sluice')} | "
             f"{spread(g['rps'])} | {spread(g['p99_ms'], 2)} | {rx(ratio(med(g, 'p99_ms'), med(r, 'p99_ms')))} | "
-            f"{spread(g.get('core_busy'), 2)} | {split} | {g['errors']:,} / {g['requests']:,} |")
+            f"{spread(g.get('core_busy'), 2)} | {spread(g.get('sleeps_per_req'), 2)} | {split} | "
+            f"{g['errors']:,} / {g['requests']:,} |")
     return lines
 
 
@@ -153,7 +154,10 @@ def intro(results: dict) -> list[str]:
         "CPU-second**: the requests wrk completed in a run divided by the gateway's utime+stime over it, "
         "median over the rounds (min–max in brackets). It says what one core of each gateway serves, and "
         "unlike req/s it does not depend on how much load core 1 (client and upstreams) can offer. *Gateway "
-        "core busy* is that CPU time over the run's wall time (1.00: the gateway used its whole core).",
+        "core busy* is that CPU time over the run's wall time (1.00: the gateway used its whole core). *Gateway "
+        "sleeps/req* is how often per request the gateway's threads went to sleep for want of work (voluntary "
+        "context switches, from /proc): each sleep ends in a wake-up paid in kernel time, and the less busy a "
+        "gateway's core, the more often it sleeps (bench/README.md, \"What bounds the pinned ratio\").",
         "",
         *summary(results["scenarios"]),
         "",

@@ -83,6 +83,25 @@ class Proc:
             kernel += int(fields[12])  # stime (field 15)
         return user / CLK_TCK, kernel / CLK_TCK
 
+    def sleeps(self) -> int:
+        """Times the process and its descendants went to sleep (voluntary context switches, all threads):
+        a gateway that runs out of work waits in epoll_wait, and each wait ends in a wake-up that costs
+        kernel time."""
+        total = 0
+        for pid in self.pids():
+            try:
+                tasks = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                continue
+            for task in tasks:
+                try:
+                    for line in Path(f"/proc/{pid}/task/{task}/status").read_text().splitlines():
+                        if line.startswith("voluntary_ctxt_switches:"):
+                            total += int(line.split()[1])
+                except OSError:
+                    continue
+        return total
+
     def rss_kb(self) -> int:
         """Sum of VmRSS of the process and its descendants."""
         total = 0
