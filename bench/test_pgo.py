@@ -73,3 +73,52 @@ class RustcWrapper(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+def load_pgo():
+    """bench/pgo as a module (it has no .py suffix)."""
+    import importlib.machinery
+    import importlib.util
+    loader = importlib.machinery.SourceFileLoader("bench_pgo", str(Path(__file__).resolve().parent / "pgo"))
+    spec = importlib.util.spec_from_loader("bench_pgo", loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+class Recording(unittest.TestCase):
+    """What bench/pgo merges: the instrumented data plane's counts, nothing the build wrote."""
+
+    def test_counts_written_while_building_are_not_merged(self) -> None:
+        from unittest import mock
+        pgo = load_pgo()
+        work = Path(tempfile.mkdtemp(prefix="sluice-test-pgo-"))
+        self.addCleanup(shutil.rmtree, work)
+        counts, merged = work / "counts", []
+
+        def build(into: Path) -> None:
+            # A build script or proc macro compiled to count, run by cargo.
+            (into / "default_build_script_0.profraw").write_bytes(b"build")
+
+        def run(argv, **_kwargs):
+            if argv[1:2] == ["merge"]:
+                merged.extend(Path(a).name for a in argv if a.endswith(".profraw"))
+            else:  # the traffic: the data plane writes its counts
+                (counts / "default_dp_0.profraw").write_bytes(b"dp")
+            return subprocess.CompletedProcess(argv, 0, "", "")
+
+        (work / "out.profdata").write_bytes(b"")
+        patches = [mock.patch.object(pgo, "build", build),
+                   mock.patch.object(pgo, "bins_with_instrumented", lambda: work / "bins"),
+                   mock.patch.object(pgo, "count_http2", lambda bins, requests: run(["h2load"])),
+                   mock.patch.object(pgo, "llvm_profdata", lambda: Path("llvm-profdata")),
+                   mock.patch.object(pgo, "REPO", work),
+                   mock.patch.object(pgo, "PROFILE", work / "out.profdata"),
+                   mock.patch.object(pgo.subprocess, "run", run),
+                   mock.patch.object(pgo.shutil, "which", lambda tool: f"/usr/bin/{tool}"),
+                   mock.patch.object(sys, "argv", ["bench/pgo", "--counts", str(counts)])]
+        for patch in patches:
+            patch.start()
+            self.addCleanup(patch.stop)
+        self.assertEqual(pgo.main(), 0)
+        self.assertEqual(merged, ["default_dp_0.profraw"])
