@@ -93,26 +93,13 @@ class Proc:
                 tasks = os.listdir(f"/proc/{pid}/task")
             except OSError:
                 continue
-            for task in tasks:
-                try:
-                    for line in Path(f"/proc/{pid}/task/{task}/status").read_text().splitlines():
-                        if line.startswith("voluntary_ctxt_switches:"):
-                            total += int(line.split()[1])
-                except OSError:
-                    continue
+            total += sum(_status_number(f"/proc/{pid}/task/{task}/status", "voluntary_ctxt_switches:")
+                         for task in tasks)
         return total
 
     def rss_kb(self) -> int:
         """Sum of VmRSS of the process and its descendants."""
-        total = 0
-        for pid in self.pids():
-            try:
-                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1])
-            except OSError:
-                continue
-        return total
+        return sum(_status_number(f"/proc/{pid}/status", "VmRSS:") for pid in self.pids())
 
     def first_json_line(self, timeout: float = 30.0) -> dict:
         """The JSON line a Sluice binary prints on stdout once bound."""
@@ -148,6 +135,17 @@ class Proc:
                 self.popen.wait(timeout=grace)
         if self in _STARTED:
             _STARTED.remove(self)
+
+
+def _status_number(path: str, key: str) -> int:
+    """The number after `key` in a /proc status file; 0 once the process or thread has gone."""
+    try:
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(key):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
 
 
 def start(name: str, argv: list[str], workdir: Path, cpus: str | None = None,
