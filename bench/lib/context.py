@@ -78,6 +78,10 @@ class Certs:
     leaf: Path
     leaf_key: Path
 
+    def sluice_default(self, name: str) -> dict:
+        """The leaf as the certificate Sluice's admin API takes, served for every host (`default`)."""
+        return {"name": name, "chain": self.leaf.read_text(), "key": self.leaf_key.read_text(), "default": True}
+
 
 def make_certs(d: Path) -> Certs:
     """A CA and a leaf for localhost / 127.0.0.1 (ECDSA P-256), made with openssl at run time."""

@@ -203,8 +203,7 @@ def start_sluice(bins: Path, workdir: Path, up: Upstreams, certs: Certs, simulat
     sluice.start_control_plane()
     dp = sluice.start_data_plane("sluice-dp", wrapper=valgrind(workdir, "sluice", simulate))
     sluice.configure({
-        "certificates": [{"name": "profile", "chain": certs.leaf.read_text(), "key": certs.leaf_key.read_text(),
-                          "default": True}],
+        "certificates": [certs.sluice_default("profile")],
         "upstreams": [{"name": "backend", "targets": [{"url": f"http://{up.plain}"}]},
                       {"name": "pool", "targets": [{"url": f"http://{a}"} for a in up.pool],
                        "balance": "round_robin"},

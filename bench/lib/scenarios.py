@@ -132,8 +132,7 @@ def secured_config(certs, addr_tls: str, addr_plain: str) -> dict:
     auth and a per-consumer rate limit that never rejects, to the TLS upstream at `addr_tls`; /plain the same
     request proxied in plain text to `addr_plain`, for the secured/proxy ratio."""
     return {
-        "certificates": [{"name": "bench", "chain": certs.leaf.read_text(), "key": certs.leaf_key.read_text(),
-                          "default": True}],
+        "certificates": [certs.sluice_default("bench")],
         "upstreams": [upstream_cfg("backend-tls", [addr_tls], "https", tls={"ca_bundle": certs.ca.read_text()}),
                       upstream_cfg("backend", [addr_plain])],
         "consumers": [{"username": BASIC_USER, "basic_auth": {"password": BASIC_PASSWORD}}],
