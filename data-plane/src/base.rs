@@ -1,6 +1,6 @@
 //! The bottom of the request path: what every layer above shares (body
 //! types, the HTTP/1.1 wire pieces both legs write, the forwarding fields a target gets,
-//! problem-details responses, the proxy error, the request ID, per-API
+//! problem-details responses, the write buffer both legs' connections share, the proxy error, the request ID, per-API
 //! request metrics, the registry holding every metric series, the proxy
 //! worker index). It imports nothing from the layers above it, so the path
 //! reads top-down: proxy -> routing -> policy/openapi -> upstream -> tls,
@@ -14,6 +14,7 @@ mod metric_registry;
 pub mod problem;
 mod request_id;
 mod request_metrics;
+pub mod spare_buffer;
 pub mod worker;
 
 pub use body::{

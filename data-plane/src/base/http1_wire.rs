@@ -12,7 +12,7 @@ use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use tokio::io::AsyncWrite;
 
-use super::BoxError;
+use super::{BoxError, spare_buffer};
 
 /// Headers that describe one hop, never the end-to-end message (RFC 9110
 /// §7.6.1). Not `Trailer`: it names the trailer fields of the message, end
@@ -320,7 +320,8 @@ pub fn make_room(buffer: &mut BytesMut) {
 }
 
 /// Writes `buffer` from `written` on; `Ready(Ok)` once all of it is out
-/// and flushed, when the buffer is emptied for the next message.
+/// and flushed, when the buffer is emptied and given back to the worker
+/// (see `spare_buffer`): whoever writes next borrows it with `spare_buffer::lend`.
 pub fn poll_write_out<W: AsyncWrite + Unpin>(
     io: &mut W,
     cx: &mut Context<'_>,
@@ -336,6 +337,7 @@ pub fn poll_write_out<W: AsyncWrite + Unpin>(
     }
     buffer.clear();
     *written = 0;
+    spare_buffer::give_back(buffer);
     Pin::new(io).poll_flush(cx)
 }
 

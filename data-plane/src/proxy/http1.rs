@@ -39,6 +39,7 @@ use super::when_woken::WhenWoken;
 use super::{Peer, ProxyOptions, Shared, answer, begin, client_body, inbound};
 use crate::base::forwarding::own_via;
 use crate::base::http1_wire::{self, Field, HeadFields};
+use crate::base::spare_buffer;
 use crate::base::{
     BodyEncoder, BodyStatus, BoxError, ProxyBody, RequestBody, RequestId, empty_body_request, full_body_request,
 };
@@ -51,8 +52,6 @@ const MAX_HEAD: usize = 16 * 1024;
 const MAX_HEADERS: usize = 100;
 /// Response bytes gathered before they are written out.
 const WRITE_HIGH_WATER: usize = 64 * 1024;
-/// A write buffer grown past this by a large response is not kept between requests.
-const WRITE_KEEP: usize = 16 * 1024;
 /// How long the close of a connection may wait for the client's socket.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 
@@ -199,7 +198,8 @@ struct ClientConnection<S> {
     stream: S,
     /// Bytes read and not consumed yet.
     read: BytesMut,
-    /// Response bytes not written yet, from `written` on.
+    /// Response bytes not written yet, from `written` on; the worker's
+    /// buffer, lent while a response is written (see `spare_buffer`).
     write: Vec<u8>,
     written: usize,
     /// Where the last request head's fields are in `read` (kept, not allocated per request).
@@ -318,6 +318,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientConnection<S> {
             via: own_via(parts.version),
             request_id: Some(&exchange.request_id),
         });
+        spare_buffer::lend(&mut self.write);
         let mut encoder =
             encode_head(&mut self.write, parts.status, &parts.headers, as_sent, exact, head_request, keep_alive);
         let mut headers = parts.headers;
@@ -337,9 +338,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientConnection<S> {
             })
             .await?;
         }
-        if self.write.capacity() > WRITE_KEEP {
-            self.write = Vec::new();
-        }
         Ok(())
     }
 
@@ -358,11 +356,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientConnection<S> {
                 Poll::Ready(Some(Ok(frame))) => {
                     // Trailers are dropped: a client that did not say `TE: trailers` is served here.
                     if let Some(data) = frame.data_ref() {
+                        spare_buffer::lend(&mut self.write);
                         encoder.encode(&mut self.write, data).map_err(io::Error::other)?;
                     }
                 }
                 Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(io::Error::other(e))),
                 Poll::Ready(None) => {
+                    spare_buffer::lend(&mut self.write);
                     encoder.finish(&mut self.write).map_err(io::Error::other)?;
                     return self.poll_write_out(cx);
                 }

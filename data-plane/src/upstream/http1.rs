@@ -32,6 +32,7 @@ use tokio_util::io::poll_read_buf;
 use super::Target;
 use crate::base::forwarding::{Forwarding, Prior, Replaced};
 use crate::base::http1_wire::{self, Field, HeadFields, is_named, is_one_of};
+use crate::base::spare_buffer;
 use crate::base::{BodyEncoder, BodyError, BoxError, RequestBody};
 
 /// The most a response head may take, status line and headers together.
@@ -43,8 +44,6 @@ const MAX_CHUNK_LINE: usize = 4 * 1024;
 const MAX_TRAILERS: usize = 16 * 1024;
 /// Request body bytes gathered before they are written out.
 const WRITE_HIGH_WATER: usize = 64 * 1024;
-/// A write buffer grown past this by a large upload is not kept while idle.
-const WRITE_KEEP: usize = 16 * 1024;
 
 /// The byte stream under a connection: TCP, or TLS over TCP (boxed: a TLS
 /// session is kilobytes, a plain connection should not carry its room).
@@ -84,7 +83,8 @@ pub(super) struct Connection {
     io: Io,
     /// Bytes read and not consumed yet.
     read: BytesMut,
-    /// The request head and body bytes not written yet, from `written` on.
+    /// The request head and body bytes not written yet, from `written` on;
+    /// the worker's buffer, lent while a request is written (see `spare_buffer`).
     write: Vec<u8>,
     written: usize,
     /// Where the last response head's fields are in `read`. Kept with the
@@ -191,6 +191,7 @@ impl Connection {
         self.ends_at = deadline;
         let (parts, body) = request.into_parts();
         let forwarding = own.forwarding.map(|forwarding| (forwarding, &home.host_header));
+        spare_buffer::lend(&mut self.write);
         let outgoing =
             encode_head(&mut self.write, &parts.method, &parts.uri, &parts.headers, forwarding, own.as_sent, &body);
         let head_request = parts.method == Method::HEAD;
@@ -231,10 +232,12 @@ impl Connection {
                     match Pin::new(body).poll_frame(cx) {
                         Poll::Ready(Some(Ok(frame))) => {
                             if let Ok(data) = frame.into_data() {
+                                spare_buffer::lend(&mut self.write);
                                 sending.framing.encode(&mut self.write, &data).map_err(ExchangeError::RequestBody)?;
                             }
                         }
                         Poll::Ready(None) => {
+                            spare_buffer::lend(&mut self.write);
                             sending.framing.finish(&mut self.write).map_err(ExchangeError::RequestBody)?;
                             sending.body = None;
                         }
@@ -617,9 +620,6 @@ impl ResponseBody {
         if let Some((home, keep_for)) = connection.return_to.take()
             && connection.read.is_empty()
         {
-            if connection.write.capacity() > WRITE_KEEP {
-                connection.write = Vec::new();
-            }
             home.connections.put_idle(connection, keep_for);
         }
     }
