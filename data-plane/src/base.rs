@@ -1,6 +1,7 @@
 //! The bottom of the request path: what every layer above shares (body
-//! types, the HTTP/1.1 wire pieces both legs write, the forwarding fields a target gets,
-//! problem-details responses, the write buffer both legs' connections share, the proxy error, the request ID, per-API
+//! types, the HTTP/1.1 wire pieces both legs write and the write buffer
+//! their connections share, the forwarding fields a target gets,
+//! problem-details responses, the proxy error, the request ID, per-API
 //! request metrics, the registry holding every metric series, the proxy
 //! worker index). It imports nothing from the layers above it, so the path
 //! reads top-down: proxy -> routing -> policy/openapi -> upstream -> tls,
