@@ -15,8 +15,8 @@ mod metric_registry;
 pub mod problem;
 mod request_id;
 mod request_metrics;
-pub mod spare_buffer;
 pub mod worker;
+mod write_buffer;
 
 pub use body::{
     BodyError, BodyStatus, BoxError, ClientFault, ProxyBody, RequestBody, boxed_body, empty_body_request, full_body,
@@ -27,3 +27,4 @@ pub use http1_wire::BodyEncoder;
 pub use metric_registry::MetricRegistry;
 pub use request_id::RequestId;
 pub use request_metrics::{RequestMetrics, UNROUTED};
+pub use write_buffer::WriteBuffer;

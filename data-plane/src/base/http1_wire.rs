@@ -1,18 +1,15 @@
 //! What both HTTP/1.1 legs the data plane speaks itself share (the
 //! request to a target, `upstream::http1`, and the response to a client,
 //! `proxy::http1`): where a parsed head's fields lie and the header map
-//! made of them, how a body is framed, reading into a buffer and writing
-//! one out.
+//! made of them, how a body is framed, and reading into a buffer (writing
+//! one out is `WriteBuffer`'s).
 
-use std::io::{self, Write as _};
-use std::pin::Pin;
-use std::task::{Context, Poll, ready};
+use std::io::Write as _;
 
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use tokio::io::AsyncWrite;
 
-use super::{BoxError, spare_buffer};
+use super::BoxError;
 
 /// Headers that describe one hop, never the end-to-end message (RFC 9110
 /// §7.6.1). Not `Trailer`: it names the trailer fields of the message, end
@@ -317,28 +314,6 @@ pub fn make_room(buffer: &mut BytesMut) {
     if !reclaimed && buffer.capacity() - buffer.len() < READ_SIZE / 4 {
         buffer.reserve(READ_SIZE);
     }
-}
-
-/// Writes `buffer` from `written` on; `Ready(Ok)` once all of it is out
-/// and flushed, when the buffer is emptied and given back to the worker
-/// (see `spare_buffer`): whoever writes next borrows it with `spare_buffer::lend`.
-pub fn poll_write_out<W: AsyncWrite + Unpin>(
-    io: &mut W,
-    cx: &mut Context<'_>,
-    buffer: &mut Vec<u8>,
-    written: &mut usize,
-) -> Poll<io::Result<()>> {
-    while *written < buffer.len() {
-        let n = ready!(Pin::new(&mut *io).poll_write(cx, &buffer[*written..]))?;
-        if n == 0 {
-            return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
-        }
-        *written += n;
-    }
-    buffer.clear();
-    *written = 0;
-    spare_buffer::give_back(buffer);
-    Pin::new(io).poll_flush(cx)
 }
 
 /// The framing of a body being written, with what is left of it.

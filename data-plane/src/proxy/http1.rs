@@ -39,9 +39,9 @@ use super::when_woken::WhenWoken;
 use super::{Peer, ProxyOptions, Shared, answer, begin, client_body, inbound};
 use crate::base::forwarding::own_via;
 use crate::base::http1_wire::{self, Field, HeadFields};
-use crate::base::spare_buffer;
 use crate::base::{
-    BodyEncoder, BodyStatus, BoxError, ProxyBody, RequestBody, RequestId, empty_body_request, full_body_request,
+    BodyEncoder, BodyStatus, BoxError, ProxyBody, RequestBody, RequestId, WriteBuffer, empty_body_request,
+    full_body_request,
 };
 use crate::policy::{PolicyChain, RateCount};
 
@@ -80,8 +80,7 @@ where
     let mut connection = ClientConnection {
         stream,
         read: BytesMut::new(),
-        write: Vec::new(),
-        written: 0,
+        write: WriteBuffer::default(),
         fields: Vec::new(),
         headers: HeaderMap::new(),
     };
@@ -198,10 +197,8 @@ struct ClientConnection<S> {
     stream: S,
     /// Bytes read and not consumed yet.
     read: BytesMut,
-    /// Response bytes not written yet, from `written` on; the worker's
-    /// buffer, lent while a response is written (see `spare_buffer`).
-    write: Vec<u8>,
-    written: usize,
+    /// The response being written.
+    write: WriteBuffer,
     /// Where the last request head's fields are in `read` (kept, not allocated per request).
     fields: Vec<Field>,
     /// The last response's header map, emptied: the next request's headers
@@ -318,9 +315,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientConnection<S> {
             via: own_via(parts.version),
             request_id: Some(&exchange.request_id),
         });
-        spare_buffer::lend(&mut self.write);
         let mut encoder =
-            encode_head(&mut self.write, parts.status, &parts.headers, as_sent, exact, head_request, keep_alive);
+            encode_head(self.write.fill(), parts.status, &parts.headers, as_sent, exact, head_request, keep_alive);
         let mut headers = parts.headers;
         headers.clear();
         http1_wire::put_headers(&mut self.headers, headers);
@@ -328,7 +324,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientConnection<S> {
         if encoder.is_done() {
             // Never polled: a HEAD answer or a 204 sends no body, whatever the body holds.
             drop(body);
-            std::future::poll_fn(|cx| self.poll_write_out(cx)).await?;
+            std::future::poll_fn(|cx| self.write.poll_write_out(&mut self.stream, cx)).await?;
         } else {
             let mut body = pin!(body);
             // The request body is still fed: an HTTP/2 target may read it while it answers.
@@ -350,25 +346,23 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientConnection<S> {
     ) -> Poll<io::Result<()>> {
         loop {
             if self.write.len() >= WRITE_HIGH_WATER {
-                ready!(self.poll_write_out(cx))?;
+                ready!(self.write.poll_write_out(&mut self.stream, cx))?;
             }
             match body.as_mut().poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
                     // Trailers are dropped: a client that did not say `TE: trailers` is served here.
                     if let Some(data) = frame.data_ref() {
-                        spare_buffer::lend(&mut self.write);
-                        encoder.encode(&mut self.write, data).map_err(io::Error::other)?;
+                        encoder.encode(self.write.fill(), data).map_err(io::Error::other)?;
                     }
                 }
                 Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(io::Error::other(e))),
                 Poll::Ready(None) => {
-                    spare_buffer::lend(&mut self.write);
-                    encoder.finish(&mut self.write).map_err(io::Error::other)?;
-                    return self.poll_write_out(cx);
+                    encoder.finish(self.write.fill()).map_err(io::Error::other)?;
+                    return self.write.poll_write_out(&mut self.stream, cx);
                 }
                 Poll::Pending if self.write.is_empty() => return Poll::Pending,
                 // Out with what is gathered while the body waits; then look again.
-                Poll::Pending => ready!(self.poll_write_out(cx))?,
+                Poll::Pending => ready!(self.write.poll_write_out(&mut self.stream, cx))?,
             }
         }
     }
@@ -401,11 +395,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ClientConnection<S> {
             waiting.wake();
         }
         true
-    }
-
-    /// Writes what is buffered; `Ready(Ok)` once all of it is out and flushed.
-    fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        http1_wire::poll_write_out(&mut self.stream, cx, &mut self.write, &mut self.written)
     }
 }
 

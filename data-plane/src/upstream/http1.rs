@@ -32,8 +32,7 @@ use tokio_util::io::poll_read_buf;
 use super::Target;
 use crate::base::forwarding::{Forwarding, Prior, Replaced};
 use crate::base::http1_wire::{self, Field, HeadFields, is_named, is_one_of};
-use crate::base::spare_buffer;
-use crate::base::{BodyEncoder, BodyError, BoxError, RequestBody};
+use crate::base::{BodyEncoder, BodyError, BoxError, RequestBody, WriteBuffer};
 
 /// The most a response head may take, status line and headers together.
 const MAX_HEAD: usize = 64 * 1024;
@@ -83,10 +82,8 @@ pub(super) struct Connection {
     io: Io,
     /// Bytes read and not consumed yet.
     read: BytesMut,
-    /// The request head and body bytes not written yet, from `written` on;
-    /// the worker's buffer, lent while a request is written (see `spare_buffer`).
-    write: Vec<u8>,
-    written: usize,
+    /// The request head and body being written.
+    write: WriteBuffer,
     /// Where the last response head's fields are in `read`. Kept with the
     /// connection, not in the head: no allocation per response, and a head
     /// small enough to move cheaply through the polls that return it.
@@ -127,8 +124,7 @@ impl Connection {
         Box::new(Connection {
             io,
             read: BytesMut::new(),
-            write: Vec::new(),
-            written: 0,
+            write: WriteBuffer::default(),
             fields: Vec::new(),
             deadline: None,
             ends_at: Instant::now(),
@@ -160,11 +156,6 @@ impl Connection {
         poll_read_buf(Pin::new(&mut self.io), cx, &mut self.read)
     }
 
-    /// Writes what is buffered; `Ready(Ok)` once all of it is out and flushed.
-    fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        http1_wire::poll_write_out(&mut self.io, cx, &mut self.write, &mut self.written)
-    }
-
     /// Sends `request` and reads the response head, which must have come
     /// by `deadline`. The response body reads from this connection, which
     /// goes back to `home` when the body has ended cleanly and the
@@ -191,9 +182,8 @@ impl Connection {
         self.ends_at = deadline;
         let (parts, body) = request.into_parts();
         let forwarding = own.forwarding.map(|forwarding| (forwarding, &home.host_header));
-        spare_buffer::lend(&mut self.write);
         let outgoing =
-            encode_head(&mut self.write, &parts.method, &parts.uri, &parts.headers, forwarding, own.as_sent, &body);
+            encode_head(self.write.fill(), &parts.method, &parts.uri, &parts.headers, forwarding, own.as_sent, &body);
         let head_request = parts.method == Method::HEAD;
         let fields_as_sent = own.fields_as_sent;
         let body = (!matches!(outgoing, BodyEncoder::Done)).then_some(body);
@@ -232,13 +222,11 @@ impl Connection {
                     match Pin::new(body).poll_frame(cx) {
                         Poll::Ready(Some(Ok(frame))) => {
                             if let Ok(data) = frame.into_data() {
-                                spare_buffer::lend(&mut self.write);
-                                sending.framing.encode(&mut self.write, &data).map_err(ExchangeError::RequestBody)?;
+                                sending.framing.encode(self.write.fill(), &data).map_err(ExchangeError::RequestBody)?;
                             }
                         }
                         Poll::Ready(None) => {
-                            spare_buffer::lend(&mut self.write);
-                            sending.framing.finish(&mut self.write).map_err(ExchangeError::RequestBody)?;
+                            sending.framing.finish(self.write.fill()).map_err(ExchangeError::RequestBody)?;
                             sending.body = None;
                         }
                         Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(ExchangeError::RequestBody(e))),
@@ -249,7 +237,7 @@ impl Connection {
                     }
                     progressed = true;
                 }
-                match self.poll_write_out(cx) {
+                match self.write.poll_write_out(&mut self.io, cx) {
                     // All out: more of the body, unless it is what we wait for
                     // (the return to pending needs a waker on one of the two).
                     Poll::Ready(Ok(())) => progressed |= sending.body.is_some() && !body_waiting,
