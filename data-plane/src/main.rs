@@ -12,8 +12,11 @@ use tracing_subscriber::EnvFilter;
 fn main() -> anyhow::Result<()> {
     let settings = Settings::parse();
     // Traffic is served by the proxy's own worker threads (`proxy::workers`);
-    // this runtime runs the control work beside them: sync, ops, health checks.
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build();
+    // this runtime runs the control work beside them (sync, ops, health
+    // checks) on this thread, snapshot compiles on its blocking pool. Not a
+    // work-stealing runtime: its worker thread and the code that thread runs
+    // were memory an idle data plane held for nothing (bench/README.md).
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
     runtime.context("starting the async runtime")?.block_on(run(settings))
 }
 
